@@ -1,0 +1,42 @@
+#pragma once
+// Scaled dot-product attention, forward and backward, dispatched to a backend.
+//
+//   scores  = scale · q kᵀ + additive_mask, −inf where attend_mask is false or causal hides
+//   P       = softmax(scores) per row; a row whose scores are all −inf gives P = 0 (output 0,
+//             gradient 0, never NaN), as PyTorch's SDPA does
+//   output  = dropout(P) v
+//   logsumexp[i] = log Σ_j exp(scores_ij) (−inf for a fully masked row): all backward needs.
+#include <optional>
+
+#include "mha/attention/options.h"
+
+namespace mha::attention {
+
+template <class T>
+struct ForwardResult {
+  Tensor<T> output;                  // (B, Hq, L, Dv)
+  Tensor<T> logsumexp;               // (B, Hq, L)
+  std::optional<Tensor<T>> weights;  // (B, Hq, L, S), when options.need_weights
+};
+
+template <class T>
+struct Gradients {
+  Tensor<T> grad_query;  // (B, Hq, L, Dqk)
+  Tensor<T> grad_key;    // (B, Hkv, S, Dqk)
+  Tensor<T> grad_value;  // (B, Hkv, S, Dv)
+};
+
+// Checks every shape and option (mha::Error naming the argument) and runs options.backend.
+template <class T>
+ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                              const Options<T>& options = {});
+
+// Gradients of sum(output ∘ grad_output) with respect to query, key and value, given the
+// forward's output and logsumexp (the probabilities are recomputed, not stored). The options
+// must be the forward's (same masks, scale, dropout seed).
+template <class T>
+Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const Tensor<T>& output, const Tensor<T>& logsumexp,
+                           const Tensor<T>& grad_output, const Options<T>& options = {});
+
+}  // namespace mha::attention

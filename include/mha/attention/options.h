@@ -1,0 +1,44 @@
+#pragma once
+// One struct describes an attention call; every backend takes the same struct.
+//
+// Shapes (B batch, Hq query heads, Hkv key/value heads, L queries, S keys,
+//         Dqk query/key head size, Dv value head size):
+//   query (B, Hq, L, Dqk)   key (B, Hkv, S, Dqk)   value (B, Hkv, S, Dv)
+//   output (B, Hq, L, Dv)   logsumexp (B, Hq, L)   weights (B, Hq, L, S)
+// Hq must be a multiple of Hkv: query head h reads key/value head h / (Hq / Hkv) (GQA).
+#include <cstdint>
+#include <optional>
+
+#include "mha/core/tensor.h"
+
+namespace mha::attention {
+
+// Which keys a query may see when `causal` is on. Query i, key j:
+//   top_left     j <= i            (PyTorch's is_causal, tril(ones(L, S)))
+//   bottom_right j <= i + (S − L)  (the last query sees every key: KV-cache decoding)
+enum class Causal { none, top_left, bottom_right };
+
+enum class Backend { reference };
+
+template <class T>
+struct Options {
+  // Masks are broadcast to (B, Hq, L, S): each may have rank 2..4, aligned on the right, with
+  // every dimension either 1 or the full size. The names carry the polarity:
+  //   attend_mask   true = the query MAY attend to the key (SDPA's bool polarity);
+  //   additive_mask added to the scaled scores (−inf blocks, as a float mask in PyTorch).
+  // Both may be given; they are combined. Non-owning: they must outlive the call.
+  const Tensor<bool>* attend_mask = nullptr;
+  const Tensor<T>* additive_mask = nullptr;
+  Causal causal = Causal::none;
+  // Multiplies q·k; defaults to 1/sqrt(Dqk). Any finite value (negative included) is allowed.
+  std::optional<double> scale;
+  // Dropout on the probabilities, survivors scaled by 1/(1 − p). Always applied when p > 0
+  // (the caller decides training vs eval). The mask is a pure function of (seed, element).
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+  // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
+  bool need_weights = false;
+  Backend backend = Backend::reference;
+};
+
+}  // namespace mha::attention

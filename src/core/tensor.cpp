@@ -1,0 +1,100 @@
+#include "mha/core/tensor.h"
+
+#include <limits>
+#include <sstream>
+
+namespace mha {
+
+std::string to_string(const Shape& shape) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << ']';
+  return out.str();
+}
+
+int64_t checked_numel(const Shape& shape, const std::string& what) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    check(d >= 0, what, ": dimensions must be >= 0, got ", to_string(shape));
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+      throw Error(what + ": number of elements overflows 64 bits for shape " + to_string(shape));
+    n *= d;
+  }
+  return n;
+}
+
+void check_shape(const Shape& got, const Shape& expected, const std::string& what) {
+  check(got == expected, what, ": expected shape ", to_string(expected), ", got ", to_string(got));
+}
+
+template <class T>
+Tensor<T> permute(const Tensor<T>& in, const std::vector<int>& axes) {
+  const int64_t rank = in.dim();
+  check(static_cast<int64_t>(axes.size()) == rank, "permute: expected ", rank, " axes, got ",
+        axes.size());
+  std::vector<bool> seen(static_cast<size_t>(rank), false);
+  Shape out_shape(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) {
+    const int a = axes[static_cast<size_t>(i)];
+    check(a >= 0 && a < rank && !seen[static_cast<size_t>(a)], "permute: axes must be a permutation of 0..",
+          rank - 1);
+    seen[static_cast<size_t>(a)] = true;
+    out_shape[static_cast<size_t>(i)] = in.shape()[static_cast<size_t>(a)];
+  }
+  Tensor<T> out(out_shape);
+  if (in.numel() == 0) return out;
+  // Input strides, then walk the output in order with an odometer over its index.
+  std::vector<int64_t> in_stride(static_cast<size_t>(rank), 1);
+  for (int64_t i = rank - 2; i >= 0; --i)
+    in_stride[static_cast<size_t>(i)] = in_stride[static_cast<size_t>(i + 1)] * in.shape()[static_cast<size_t>(i + 1)];
+  std::vector<int64_t> stride(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) stride[static_cast<size_t>(i)] = in_stride[static_cast<size_t>(axes[static_cast<size_t>(i)])];
+  std::vector<int64_t> index(static_cast<size_t>(rank), 0);
+  int64_t src = 0;
+  for (int64_t n = 0; n < out.numel(); ++n) {
+    out[n] = in[src];
+    for (int64_t i = rank - 1; i >= 0; --i) {
+      const auto u = static_cast<size_t>(i);
+      if (++index[u] < out_shape[u]) {
+        src += stride[u];
+        break;
+      }
+      src -= stride[u] * (out_shape[u] - 1);
+      index[u] = 0;
+    }
+  }
+  return out;
+}
+
+template <class T>
+Tensor<T> unsqueeze(const Tensor<T>& in, int64_t axis) {
+  Shape s = in.shape();
+  const int64_t a = axis < 0 ? axis + in.dim() + 1 : axis;
+  check(a >= 0 && a <= in.dim(), "unsqueeze: axis ", axis, " out of range for shape ", to_string(s));
+  s.insert(s.begin() + a, 1);
+  return in.reshape(s);
+}
+
+template <class T>
+Tensor<T> squeeze(const Tensor<T>& in, int64_t axis) {
+  Shape s = in.shape();
+  const int64_t a = axis < 0 ? axis + in.dim() : axis;
+  check(a >= 0 && a < in.dim() && s[static_cast<size_t>(a)] == 1, "squeeze: axis ", axis,
+        " is not a size-1 dimension of shape ", to_string(s));
+  s.erase(s.begin() + a);
+  return in.reshape(s);
+}
+
+#define MHA_INSTANTIATE(T)                                                  \
+  template Tensor<T> permute(const Tensor<T>&, const std::vector<int>&);   \
+  template Tensor<T> unsqueeze(const Tensor<T>&, int64_t);                 \
+  template Tensor<T> squeeze(const Tensor<T>&, int64_t);
+MHA_INSTANTIATE(float)
+MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bool)
+MHA_INSTANTIATE(int64_t)
+MHA_INSTANTIATE(int32_t)
+#undef MHA_INSTANTIATE
+
+}  // namespace mha
