@@ -1,0 +1,42 @@
+# Thin convenience wrapper around CMake/CTest; CMakeLists.txt is the build system.
+#   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
+#   make build  configure build/ (Release) if needed, then build
+#   make test   deps + build + ctest
+#   make demo   deps + build + run the sentence self-attention example
+#   make clean  remove build/
+BUILD_DIR  ?= build
+BUILD_TYPE ?= Release
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE      ?= cmake
+CTEST      ?= ctest
+
+.PHONY: all deps build test demo clean
+# Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
+# inside cmake --build and ctest.
+.NOTPARALLEL:
+# No "Entering directory" chatter from the make that cmake --build runs underneath.
+MAKEFLAGS += --no-print-directory
+
+all: build
+
+deps:
+	./scripts/install_deps.sh
+
+# Configure only when there is no generated tree yet (or the build type changed); after that
+# `cmake --build` re-runs CMake by itself whenever a CMakeLists.txt or glob changes.
+build:
+	@if [ ! -f "$(BUILD_DIR)/CMakeCache.txt" ] || [ ! -f "$(BUILD_DIR)/cmake_install.cmake" ] || \
+	    ! grep -qx 'CMAKE_BUILD_TYPE:STRING=$(BUILD_TYPE)' "$(BUILD_DIR)/CMakeCache.txt"; then \
+	  echo "$(CMAKE) -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)"; \
+	  $(CMAKE) -S . -B "$(BUILD_DIR)" -DCMAKE_BUILD_TYPE=$(BUILD_TYPE); \
+	fi
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS)
+
+test: deps build
+	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
+
+demo: deps build
+	./$(BUILD_DIR)/examples/sentence_self_attention
+
+clean:
+	rm -rf $(BUILD_DIR)

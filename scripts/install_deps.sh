@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mha needs to build, test and benchmark (see DESIGN.md,
+# "Dependencies"). Idempotent: when everything is already installed it prints one line and
+# touches nothing; otherwise it runs `apt-get update` once and installs only what is missing.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+packages=(
+  build-essential
+  cmake
+  pkg-config
+  libopenblas-dev
+  nlohmann-json3-dev
+  libcli11-dev
+  libpng-dev
+  zlib1g-dev
+  libgtest-dev
+  libbenchmark-dev
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  # dpkg -s also succeeds for removed-but-not-purged packages; require "install ok installed".
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if ! dpkg -s "$pkg" >/dev/null 2>&1 || [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo --preserve-env=DEBIAN_FRONTEND)
+  else
+    echo "install_deps: missing ${missing[*]}, and not root with no sudo available" >&2
+    exit 1
+  fi
+fi
+
+echo "install_deps: installing ${missing[*]}"
+"${sudo[@]}" apt-get update
+"${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"

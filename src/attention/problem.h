@@ -1,0 +1,66 @@
+#pragma once
+// What every backend receives after sdpa_forward/backward have checked the arguments: the sizes,
+// the resolved scale, and the masks as one object that answers "what is added to score (b,h,i,j)".
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "mha/attention/options.h"
+
+namespace mha::attention::detail {
+
+// Element (b, h, i, j) of a mask of rank 2..4 broadcast to (B, Hq, L, S): a size-1 dimension
+// gets stride 0, so no broadcast copy is ever made.
+template <class M>
+struct BroadcastView {
+  const M* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_i = 0, stride_j = 0;
+
+  bool present() const { return data != nullptr; }
+  // The row of S entries for (b, h, i); step through it with stride_j.
+  const M* row(int64_t b, int64_t h, int64_t i) const {
+    return data + b * stride_b + h * stride_h + i * stride_i;
+  }
+};
+
+struct Problem {
+  int64_t batch = 0, query_heads = 0, kv_heads = 0;
+  int64_t query_len = 0, key_len = 0, qk_head_dim = 0, v_head_dim = 0;
+  double scale = 1.0;
+  Causal causal = Causal::none;
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+
+  int64_t group_size() const { return query_heads / kv_heads; }
+  // Keys [0, causal_limit(i)) are visible to query i (all of them when not causal).
+  int64_t causal_limit(int64_t i) const {
+    int64_t limit = key_len;
+    if (causal == Causal::top_left) limit = i + 1;
+    if (causal == Causal::bottom_right) limit = i + 1 + (key_len - query_len);
+    return limit < 0 ? 0 : (limit > key_len ? key_len : limit);
+  }
+  // 1/(1 − p) for kept probabilities; p = 1 drops everything (and must not give 0·inf = NaN).
+  double dropout_scale() const { return dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0; }
+};
+
+template <class T>
+struct Masks {
+  BroadcastView<bool> attend;
+  BroadcastView<T> additive;
+
+  // Fills `scores[0..S)` for query row i of (b, h) with the mask contribution: 0, the additive
+  // value, or −inf (attend false or hidden by causality). Backends add scale·q·k on top.
+  void fill_row(const Problem& p, int64_t b, int64_t h, int64_t i, T* scores) const {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const int64_t visible = p.causal_limit(i);
+    const T* add = additive.present() ? additive.row(b, h, i) : nullptr;
+    const bool* keep = attend.present() ? attend.row(b, h, i) : nullptr;
+    for (int64_t j = 0; j < p.key_len; ++j) {
+      T v = add ? add[j * additive.stride_j] : T(0);
+      if (j >= visible || (keep && !keep[j * attend.stride_j])) v = neg_inf;
+      scores[j] = v;
+    }
+  }
+};
+
+}  // namespace mha::attention::detail

@@ -1,0 +1,477 @@
+// The module follows torch.nn.functional.multi_head_attention_forward step by step:
+// layout → input projections → add_bias_kv → split heads → add_zero_attn → masks → attention
+// → merge heads → out_proj. backward walks the same steps in reverse.
+#include "mha/nn/multihead_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "mha/core/gemm.h"
+
+namespace mha::nn {
+namespace {
+
+using attention::Causal;
+
+// y (rows, out) = x (rows, in) · Wᵀ + b, with W (out, in) given as a pointer (it may be a row
+// block of the packed in_proj_weight).
+template <class T>
+Tensor<T> project(const Tensor<T>& x, const T* weight, const T* bias, int64_t out_features) {
+  const int64_t in_features = x.size(-1);
+  const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
+  Shape shape = x.shape();
+  shape.back() = out_features;
+  Tensor<T> y(shape);
+  if (bias)
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, out_features, y.data() + r * out_features);
+  gemm<T>(Transpose::no, Transpose::yes, rows, out_features, in_features, T(1), x.data(), in_features,
+          weight, in_features, bias ? T(1) : T(0), y.data(), out_features);
+  return y;
+}
+
+// Backward of project: returns dx; adds dW = dyᵀ·x and db = Σ dy into the gradients.
+template <class T>
+Tensor<T> project_backward(const Tensor<T>& x, const T* weight, const Tensor<T>& grad_y, T* grad_weight,
+                           T* grad_bias) {
+  const int64_t in_features = x.size(-1), out_features = grad_y.size(-1);
+  const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
+  Tensor<T> grad_x(x.shape());
+  gemm<T>(Transpose::no, Transpose::no, rows, in_features, out_features, T(1), grad_y.data(),
+          out_features, weight, in_features, T(0), grad_x.data(), in_features);
+  gemm<T>(Transpose::yes, Transpose::no, out_features, in_features, rows, T(1), grad_y.data(),
+          out_features, x.data(), in_features, T(1), grad_weight, in_features);
+  if (grad_bias)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out_features; ++o) grad_bias[o] += grad_y[r * out_features + o];
+  return grad_x;
+}
+
+// (N, L, H·hd) → (N, H, L, hd) and back.
+template <class T>
+Tensor<T> split_heads(const Tensor<T>& x, int64_t heads) {
+  const int64_t n = x.size(0), len = x.size(1), e = x.size(2);
+  return permute(x.reshape({n, len, heads, e / heads}), {0, 2, 1, 3});
+}
+template <class T>
+Tensor<T> merge_heads(const Tensor<T>& x) {
+  const int64_t n = x.size(0), heads = x.size(1), len = x.size(2), hd = x.size(3);
+  return permute(x, {0, 2, 1, 3}).reshape({n, len, heads * hd});
+}
+
+// Appends `rows` (N, 1, E)-broadcast rows along dim 1: (N, S, E) → (N, S+1, E).
+template <class T>
+Tensor<T> append_row(const Tensor<T>& x, const T* row) {
+  const int64_t n = x.size(0), len = x.size(1), e = x.size(2);
+  Tensor<T> out({n, len + 1, e});
+  for (int64_t b = 0; b < n; ++b) {
+    std::copy_n(x.data() + b * len * e, len * e, out.data() + b * (len + 1) * e);
+    if (row) std::copy_n(row, e, out.data() + (b * (len + 1) + len) * e);
+  }
+  return out;
+}
+
+// Drops the last position of dim `axis` (the inverse of append_row / a zero-attention column).
+template <class T>
+Tensor<T> drop_last(const Tensor<T>& x, int64_t axis) {
+  Shape shape = x.shape();
+  const int64_t len = shape[static_cast<size_t>(axis)];
+  int64_t outer = 1, inner = 1;
+  for (int64_t a = 0; a < axis; ++a) outer *= shape[static_cast<size_t>(a)];
+  for (int64_t a = axis + 1; a < x.dim(); ++a) inner *= shape[static_cast<size_t>(a)];
+  shape[static_cast<size_t>(axis)] = len - 1;
+  Tensor<T> out(shape);
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(x.data() + o * len * inner, (len - 1) * inner, out.data() + o * (len - 1) * inner);
+  return out;
+}
+
+// Pads the last dimension with one unmasked column (add_bias_kv / add_zero_attn).
+template <class T>
+Mask<T> pad_key_column(const Mask<T>& mask) {
+  return std::visit(
+      [](const auto& m) -> Mask<T> {
+        using Elem = typename std::decay_t<decltype(m)>::value_type;
+        Shape shape = m.shape();
+        const int64_t len = shape.back();
+        shape.back() = len + 1;
+        std::decay_t<decltype(m)> out(shape, Elem(0));
+        const int64_t rows = len + 1 > 0 ? out.numel() / (len + 1) : 0;
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(m.data() + r * len, len, out.data() + r * (len + 1));
+        return out;
+      },
+      mask);
+}
+
+// Broadcast shape of two shapes of equal rank (each dim equal or 1).
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  Shape out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] == 1 ? b[i] : a[i];
+  return out;
+}
+
+// Element offset of `index` in a tensor of `shape` broadcast to a larger shape of equal rank.
+int64_t broadcast_offset(const Shape& shape, const Shape& index) {
+  int64_t off = 0;
+  for (size_t i = 0; i < shape.size(); ++i) off = off * shape[i] + (shape[i] == 1 ? 0 : index[i]);
+  return off;
+}
+
+// Combine the attention mask and the key padding mask (both rank 4, broadcastable) as PyTorch
+// does: bool masks become −inf, then the masks are added. When both are bool the result stays
+// bool (blocked if either blocks), which is the same thing without the float arithmetic.
+template <class T>
+Mask<T> combine_masks(const Mask<T>& a, const Mask<T>& b) {
+  const bool both_bool = std::holds_alternative<Tensor<bool>>(a) && std::holds_alternative<Tensor<bool>>(b);
+  auto shape_of = [](const Mask<T>& m) { return std::visit([](const auto& t) { return t.shape(); }, m); };
+  const Shape sa = shape_of(a), sb = shape_of(b), out_shape = broadcast_shapes(sa, sb);
+  auto value_at = [](const Mask<T>& m, int64_t off) -> T {
+    if (auto* bm = std::get_if<Tensor<bool>>(&m)) return (*bm)[off] ? -std::numeric_limits<T>::infinity() : T(0);
+    return std::get<Tensor<T>>(m)[off];
+  };
+  Tensor<T> sum(out_shape);
+  Tensor<bool> blocked(out_shape);
+  Shape index(4, 0);
+  for (int64_t n = 0; n < sum.numel(); ++n) {
+    int64_t rest = n;
+    for (int a4 = 3; a4 >= 0; --a4) {
+      index[static_cast<size_t>(a4)] = rest % out_shape[static_cast<size_t>(a4)];
+      rest /= out_shape[static_cast<size_t>(a4)];
+    }
+    const int64_t oa = broadcast_offset(sa, index), ob = broadcast_offset(sb, index);
+    if (both_bool)
+      blocked[n] = std::get<Tensor<bool>>(a)[oa] || std::get<Tensor<bool>>(b)[ob];
+    else
+      sum[n] = value_at(a, oa) + value_at(b, ob);
+  }
+  if (both_bool) return blocked;
+  return sum;
+}
+
+template <class T>
+Shape mask_shape(const Mask<T>& m) {
+  return std::visit([](const auto& t) { return t.shape(); }, m);
+}
+
+template <class T>
+Mask<T> reshape_mask(const Mask<T>& m, const Shape& shape) {
+  return std::visit([&](const auto& t) -> Mask<T> { return t.reshape(shape); }, m);
+}
+
+}  // namespace
+
+template <class T>
+MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
+    : options_(options), generator_(seed) {
+  const int64_t e = options_.embed_dim, h = options_.num_heads;
+  check(e > 0, "MultiheadAttention: embed_dim: expected > 0, got ", e);
+  check(h > 0, "MultiheadAttention: num_heads: expected > 0, got ", h);
+  check(e % h == 0, "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim ", e,
+        " and num_heads ", h);
+  check(std::isfinite(options_.dropout) && options_.dropout >= 0.0 && options_.dropout <= 1.0,
+        "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options_.dropout);
+  if (!options_.kdim) options_.kdim = e;
+  if (!options_.vdim) options_.vdim = e;
+  check(*options_.kdim > 0, "MultiheadAttention: kdim: expected > 0, got ", *options_.kdim);
+  check(*options_.vdim > 0, "MultiheadAttention: vdim: expected > 0, got ", *options_.vdim);
+
+  // PyTorch's _reset_parameters: xavier_uniform_ over the whole packed (3E, E) matrix (or each
+  // separate weight), zero biases, out_proj.weight with nn.Linear's default
+  // kaiming_uniform_(a=√5) = U(±1/√fan_in), xavier_normal_ for bias_k/bias_v.
+  auto uniform = [&](Shape shape, double bound) {
+    Param p{Tensor<T>(shape), Tensor<T>(shape)};
+    for (auto& x : p.value.values()) x = static_cast<T>(generator_.uniform(-bound, bound));
+    return p;
+  };
+  auto xavier_uniform = [&](int64_t rows, int64_t cols) {
+    return uniform({rows, cols}, std::sqrt(6.0 / static_cast<double>(rows + cols)));
+  };
+  if (packed_in_projection()) {
+    in_proj_weight_ = xavier_uniform(3 * e, e);
+  } else {
+    q_proj_weight_ = xavier_uniform(e, e);
+    k_proj_weight_ = xavier_uniform(e, kdim());
+    v_proj_weight_ = xavier_uniform(e, vdim());
+  }
+  if (options_.bias) in_proj_bias_ = {Tensor<T>({3 * e}), Tensor<T>({3 * e})};
+  out_proj_weight_ = uniform({e, e}, 1.0 / std::sqrt(static_cast<double>(e)));
+  if (options_.bias) out_proj_bias_ = {Tensor<T>({e}), Tensor<T>({e})};
+  if (options_.add_bias_kv) {
+    // (1, 1, E): fan_in = fan_out = E, so xavier_normal_'s std is sqrt(2 / 2E).
+    const double stddev = std::sqrt(1.0 / static_cast<double>(e));
+    for (Param* p : {&bias_k_, &bias_v_}) {
+      *p = {Tensor<T>({1, 1, e}), Tensor<T>({1, 1, e})};
+      for (auto& x : p->value.values()) x = static_cast<T>(generator_.normal(0.0, stddev));
+    }
+  }
+}
+
+template <class T>
+std::vector<Parameter<T>> MultiheadAttention<T>::parameters() {
+  std::vector<Parameter<T>> out;
+  auto add = [&](const char* name, Param& p) { out.push_back({name, &p.value, &p.grad}); };
+  if (packed_in_projection()) {
+    add("in_proj_weight", in_proj_weight_);
+  } else {
+    add("q_proj_weight", q_proj_weight_);
+    add("k_proj_weight", k_proj_weight_);
+    add("v_proj_weight", v_proj_weight_);
+  }
+  if (options_.bias) add("in_proj_bias", in_proj_bias_);
+  if (options_.add_bias_kv) {
+    add("bias_k", bias_k_);
+    add("bias_v", bias_v_);
+  }
+  add("out_proj.weight", out_proj_weight_);
+  if (options_.bias) add("out_proj.bias", out_proj_bias_);
+  return out;
+}
+
+template <class T>
+const T* MultiheadAttention<T>::projection_weight(int which) const {
+  if (packed_in_projection()) return in_proj_weight_.value.data() + which * options_.embed_dim * options_.embed_dim;
+  const Param* separate[3] = {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_};
+  return separate[which]->value.data();
+}
+
+template <class T>
+T* MultiheadAttention<T>::projection_weight_grad(int which) {
+  if (packed_in_projection()) return in_proj_weight_.grad.data() + which * options_.embed_dim * options_.embed_dim;
+  Param* separate[3] = {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_};
+  return separate[which]->grad.data();
+}
+
+template <class T>
+MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
+                                                          const Tensor<T>& value,
+                                                          const MultiheadAttentionArgs<T>& args,
+                                                          MultiheadAttentionCache<T>* cache) {
+  const int64_t e = options_.embed_dim, heads = options_.num_heads;
+  const char* layout = options_.batch_first ? "(N, L, E)" : "(L, N, E)";
+
+  // 1. Layout: everything internal is batch-first (N, L, ·). Unbatched input is (L, ·).
+  check(query.dim() == 2 || query.dim() == 3, "query: expected a 3-D tensor ", layout,
+        " or a 2-D unbatched tensor (L, E), got shape ", to_string(query.shape()));
+  const bool unbatched = query.dim() == 2;
+  check(key.dim() == query.dim() && value.dim() == query.dim(), "key/value: expected ", query.dim(),
+        "-D tensors like query ", to_string(query.shape()), ", got key ", to_string(key.shape()),
+        " and value ", to_string(value.shape()));
+  auto to_internal = [&](const Tensor<T>& x) {
+    if (unbatched) return unsqueeze(x, 0);
+    return options_.batch_first ? x : permute(x, {1, 0, 2});
+  };
+  Tensor<T> q_in = to_internal(query), k_in = to_internal(key), v_in = to_internal(value);
+  const int64_t n = q_in.size(0), len = q_in.size(1), src_len = k_in.size(1);
+  check(q_in.size(2) == e, "query: expected last dimension embed_dim = ", e, ", got shape ",
+        to_string(query.shape()));
+  check(k_in.size(2) == kdim(), "key: expected last dimension kdim = ", kdim(), ", got shape ",
+        to_string(key.shape()));
+  check(v_in.size(2) == vdim(), "value: expected last dimension vdim = ", vdim(), ", got shape ",
+        to_string(value.shape()));
+  check(k_in.size(0) == n && v_in.size(0) == n, "key/value: expected batch size ", n,
+        " (from query ", to_string(query.shape()), "), got key ", to_string(key.shape()), " and value ",
+        to_string(value.shape()));
+  check(v_in.size(1) == src_len, "value: expected the same sequence length as key (", src_len,
+        "), got shape ", to_string(value.shape()));
+
+  // 2. Masks, checked against the shapes PyTorch accepts, and brought to rank 4 (N|1, H|1, L|1, S).
+  std::optional<Mask<T>> attn_mask = args.attn_mask, padding_mask = args.key_padding_mask;
+  check(!args.is_causal || attn_mask, "is_causal: PyTorch requires attn_mask with the is_causal hint "
+        "(pass the causal mask as attn_mask); got is_causal=true and no attn_mask");
+  if (attn_mask) {
+    const Shape s = mask_shape(*attn_mask);
+    if (s.size() == 2) {
+      check_shape(s, {len, src_len}, "attn_mask (2-D)");
+      attn_mask = reshape_mask(*attn_mask, {1, 1, len, src_len});
+    } else {
+      check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
+            to_string(s));
+      check_shape(s, {n * heads, len, src_len},
+                  unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
+      attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
+    }
+  }
+  if (padding_mask) {
+    const Shape s = mask_shape(*padding_mask);
+    check_shape(s, unbatched ? Shape{src_len} : Shape{n, src_len},
+                unbatched ? "key_padding_mask (unbatched: S)" : "key_padding_mask (N, S)");
+    padding_mask = reshape_mask(*padding_mask, {n, 1, 1, src_len});
+  }
+  // PyTorch: with need_weights=false and no key padding mask, the is_causal hint replaces the
+  // attention mask by SDPA's top-left causal mask; otherwise the mask itself is used.
+  Causal causal = Causal::none;
+  if (args.is_causal && !padding_mask && !args.need_weights) {
+    causal = Causal::top_left;
+    attn_mask.reset();
+  }
+
+  // 3. Input projections.
+  const T* in_bias = options_.bias ? in_proj_bias_.value.data() : nullptr;
+  Tensor<T> q = project(q_in, projection_weight(0), in_bias, e);
+  Tensor<T> k = project(k_in, projection_weight(1), in_bias ? in_bias + e : nullptr, e);
+  Tensor<T> v = project(v_in, projection_weight(2), in_bias ? in_bias + 2 * e : nullptr, e);
+
+  // 4. add_bias_kv: one learned key/value appended to the sequence; masks get a free column.
+  if (options_.add_bias_kv) {
+    k = append_row(k, bias_k_.value.data());
+    v = append_row(v, bias_v_.value.data());
+    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
+    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
+  }
+
+  // 5. Split heads: (N, L, E) → (N, H, L, hd).
+  q = split_heads(q, heads);
+  k = split_heads(k, heads);
+  v = split_heads(v, heads);
+
+  // 6. add_zero_attn: a zero key and value appended per head; masks get a free column.
+  if (options_.add_zero_attn) {
+    auto append_zero = [&](const Tensor<T>& x) {
+      Tensor<T> flat = x.reshape({n * heads, x.size(2), x.size(3)});
+      return append_row(flat, static_cast<const T*>(nullptr)).reshape({n, heads, x.size(2) + 1, x.size(3)});
+    };
+    k = append_zero(k);
+    v = append_zero(v);
+    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
+    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
+  }
+
+  // 7. One mask for the attention core.
+  std::optional<Mask<T>> merged_mask = attn_mask;
+  if (padding_mask) merged_mask = merged_mask ? combine_masks(*merged_mask, *padding_mask) : *padding_mask;
+  MultiheadAttentionCache<T> local;
+  MultiheadAttentionCache<T>& c = cache ? *cache : local;
+  c.attend_mask.reset();
+  c.additive_mask.reset();
+  if (merged_mask) {
+    if (auto* blocked = std::get_if<Tensor<bool>>(&*merged_mask)) {
+      Tensor<bool> attend(blocked->shape());  // flip to the attention core's polarity
+      for (int64_t i = 0; i < attend.numel(); ++i) attend[i] = !(*blocked)[i];
+      c.attend_mask = std::move(attend);
+    } else {
+      c.additive_mask = std::get<Tensor<T>>(std::move(*merged_mask));
+    }
+  }
+  c.causal = causal;
+  c.dropout_p = this->is_training() ? options_.dropout : 0.0;
+  c.dropout_seed = c.dropout_p > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
+
+  // 8. Attention.
+  attention::Options<T> opt;
+  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
+  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
+  opt.causal = causal;
+  opt.dropout_p = c.dropout_p;
+  opt.dropout_seed = c.dropout_seed;
+  opt.need_weights = args.need_weights;
+  opt.backend = backend;
+  attention::ForwardResult<T> r = attention::sdpa_forward(q, k, v, opt);
+
+  // 9. Merge heads and project out.
+  Tensor<T> merged = merge_heads(r.output);
+  Tensor<T> out = project(merged, out_proj_weight_.value.data(),
+                          options_.bias ? out_proj_bias_.value.data() : nullptr, e);
+
+  MultiheadAttentionOutput<T> result;
+  if (unbatched) {
+    result.output = squeeze(out, 0);
+  } else {
+    result.output = options_.batch_first ? std::move(out) : permute(out, {1, 0, 2});
+  }
+  if (args.need_weights) {
+    Tensor<T> w = std::move(*r.weights);  // (N, H, L, S')
+    if (args.average_attn_weights) {
+      const int64_t s = w.size(3);
+      Tensor<T> mean({n, len, s});
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < len * s; ++i) mean[b * len * s + i] += w[(b * heads + h) * len * s + i];
+      for (auto& x : mean.values()) x /= static_cast<T>(heads);
+      w = std::move(mean);
+    }
+    result.attn_weights = unbatched ? squeeze(w, 0) : std::move(w);
+  }
+
+  if (cache) {
+    c.query = std::move(q_in);
+    c.key = std::move(k_in);
+    c.value = std::move(v_in);
+    c.q = std::move(q);
+    c.k = std::move(k);
+    c.v = std::move(v);
+    c.attention = std::move(r.output);
+    c.logsumexp = std::move(r.logsumexp);
+    c.merged = std::move(merged);
+    c.unbatched = unbatched;
+    c.batch_first = options_.batch_first;
+  }
+  return result;
+}
+
+template <class T>
+MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& grad_output,
+                                                               const MultiheadAttentionCache<T>& c) {
+  const int64_t e = options_.embed_dim, heads = options_.num_heads;
+  check(c.query.defined(), "MultiheadAttention::backward: cache: expected the cache filled by forward, "
+        "got an empty cache");
+  const int64_t n = c.query.size(0), len = c.query.size(1);
+  const Shape expected_shape = c.unbatched ? Shape{len, e} : (c.batch_first ? Shape{n, len, e} : Shape{len, n, e});
+  check_shape(grad_output.shape(), expected_shape, "grad_output");
+  auto to_internal = [&](const Tensor<T>& x) {
+    if (c.unbatched) return unsqueeze(x, 0);
+    return c.batch_first ? x : permute(x, {1, 0, 2});
+  };
+  auto to_user = [&](Tensor<T> x) {
+    if (c.unbatched) return squeeze(x, 0);
+    return c.batch_first ? x : permute(x, {1, 0, 2});
+  };
+
+  // 9. out_proj.
+  Tensor<T> grad_merged = project_backward(c.merged, out_proj_weight_.value.data(), to_internal(grad_output),
+                                           out_proj_weight_.grad.data(),
+                                           options_.bias ? out_proj_bias_.grad.data() : nullptr);
+  // 8. Attention.
+  attention::Options<T> opt;
+  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
+  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
+  opt.causal = c.causal;
+  opt.dropout_p = c.dropout_p;
+  opt.dropout_seed = c.dropout_seed;
+  opt.backend = backend;
+  attention::Gradients<T> g = attention::sdpa_backward(c.q, c.k, c.v, c.attention, c.logsumexp,
+                                                       split_heads(grad_merged, heads), opt);
+  // 6. add_zero_attn: the zero key/value are constants.
+  if (options_.add_zero_attn) {
+    g.grad_key = drop_last(g.grad_key, 2);
+    g.grad_value = drop_last(g.grad_value, 2);
+  }
+  // 5. Merge heads back to (N, S', E).
+  Tensor<T> grad_q = merge_heads(g.grad_query);
+  Tensor<T> grad_k = merge_heads(g.grad_key);
+  Tensor<T> grad_v = merge_heads(g.grad_value);
+  // 4. add_bias_kv: the appended position's gradient belongs to bias_k / bias_v.
+  if (options_.add_bias_kv) {
+    const int64_t s = grad_k.size(1);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t d = 0; d < e; ++d) {
+        bias_k_.grad[d] += grad_k[(b * s + s - 1) * e + d];
+        bias_v_.grad[d] += grad_v[(b * s + s - 1) * e + d];
+      }
+    grad_k = drop_last(grad_k, 1);
+    grad_v = drop_last(grad_v, 1);
+  }
+  // 3. Input projections.
+  T* in_bias_grad = options_.bias ? in_proj_bias_.grad.data() : nullptr;
+  MultiheadAttentionGradients<T> out;
+  out.grad_query = to_user(project_backward(c.query, projection_weight(0), grad_q, projection_weight_grad(0),
+                                            in_bias_grad));
+  out.grad_key = to_user(project_backward(c.key, projection_weight(1), grad_k, projection_weight_grad(1),
+                                          in_bias_grad ? in_bias_grad + e : nullptr));
+  out.grad_value = to_user(project_backward(c.value, projection_weight(2), grad_v, projection_weight_grad(2),
+                                            in_bias_grad ? in_bias_grad + 2 * e : nullptr));
+  return out;
+}
+
+template class MultiheadAttention<float>;
+template class MultiheadAttention<double>;
+
+}  // namespace mha::nn
