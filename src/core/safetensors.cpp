@@ -1,0 +1,638 @@
+#include "mha/core/safetensors.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace mha::safetensors {
+
+// Tensor bytes are copied between the file and memory as they are, which is only right when the
+// host byte order matches the format's.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; mha copies it unconverted");
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+// Insertion-ordered, so the header lists __metadata__ first and then tensors in data order,
+// exactly as the reference writer does.
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+constexpr size_t kHeaderSizeBytes = 8;
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  size_t size;
+};
+constexpr std::array<DTypeInfo, 10> kDTypes{{{DType::BOOL, "BOOL", 1},
+                                             {DType::U8, "U8", 1},
+                                             {DType::I8, "I8", 1},
+                                             {DType::I16, "I16", 2},
+                                             {DType::I32, "I32", 4},
+                                             {DType::I64, "I64", 8},
+                                             {DType::F16, "F16", 2},
+                                             {DType::BF16, "BF16", 2},
+                                             {DType::F32, "F32", 4},
+                                             {DType::F64, "F64", 8}}};
+
+const DTypeInfo& info(DType dtype) {
+  for (const DTypeInfo& entry : kDTypes)
+    if (entry.dtype == dtype) return entry;
+  throw Error(detail::concat("safetensors: invalid DType value ", static_cast<int>(dtype)));
+}
+
+std::optional<DType> find_dtype(const std::string& name) {
+  for (const DTypeInfo& entry : kDTypes)
+    if (name == entry.name) return entry.dtype;
+  return std::nullopt;
+}
+
+std::string known_dtype_names() {
+  std::string names;
+  for (const DTypeInfo& entry : kDTypes) names += (names.empty() ? "" : ", ") + std::string(entry.name);
+  return names;
+}
+
+std::string describe_offsets(uint64_t begin, uint64_t end) {
+  return detail::concat("[", begin, ", ", end, "]");
+}
+
+// Bytes that `shape` of `dtype` occupies. Throws when a dimension is negative, or when the element
+// count overflows int64 (Tensor's count type) or the byte count overflows 64 bits, so no size
+// computed here can wrap.
+uint64_t byte_size(const Shape& shape, DType dtype, const std::string& where) {
+  constexpr auto kMaxElements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t elements = 1;
+  for (int64_t d : shape) {
+    check(d >= 0, where, ": shape ", mha::to_string(shape), " has a negative dimension");
+    const auto dim = static_cast<uint64_t>(d);
+    check(dim == 0 || elements <= kMaxElements / dim, where, ": shape ", mha::to_string(shape),
+          " has more elements than fit in 64 bits");
+    elements *= dim;
+  }
+  const uint64_t element_size = info(dtype).size;
+  check(elements <= std::numeric_limits<uint64_t>::max() / element_size, where, ": shape ",
+        mha::to_string(shape), " of ", to_string(dtype), " needs more bytes than fit in 64 bits");
+  return elements * element_size;
+}
+
+// ---------------------------------------------------------------------------------------------
+// F16 / BF16 <-> float, by bit manipulation.
+
+// IEEE binary16 -> float. Every half value is exactly representable as a float.
+float f16_to_float(uint16_t half) {
+  const uint32_t sign = uint32_t{half & 0x8000u} << 16;
+  const int exponent = (half >> 10) & 0x1F;
+  uint32_t mantissa = half & 0x3FFu;
+  constexpr int kRebias = 127 - 15;
+  uint32_t bits = 0;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, or NaN with its payload kept
+  } else if (exponent != 0) {
+    bits = sign | (static_cast<uint32_t>(exponent + kRebias) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // ±0
+  } else {
+    // Subnormal m·2^-24 is a normal float: shift the leading one up to the implicit-bit position
+    // (bit 10) and lower the exponent by the same amount.
+    const int shift = std::countl_zero(mantissa) - 21;
+    mantissa = (mantissa << shift) & 0x3FFu;
+    bits = sign | (static_cast<uint32_t>(1 - shift + kRebias) << 23) | (mantissa << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// bfloat16 is the upper half of a float.
+float bf16_to_float(uint16_t bf16) { return std::bit_cast<float>(uint32_t{bf16} << 16); }
+
+// Rounds a double to a 16-bit IEEE-style format with the given field widths: round to nearest,
+// ties to even, overflow to ±inf, gradual underflow to subnormals, NaN stays NaN. Rounding once
+// from double is correct for float inputs too, since float -> double is exact.
+uint16_t round_to_16_bit_float(double value, int exponent_bits, int mantissa_bits) {
+  const auto bits = std::bit_cast<uint64_t>(value);
+  const auto sign = static_cast<uint32_t>(bits >> 63) << (exponent_bits + mantissa_bits);
+  const uint32_t infinity = ((1u << exponent_bits) - 1) << mantissa_bits;
+  constexpr uint64_t kDoubleMantissaMask = (uint64_t{1} << 52) - 1;
+  if (std::isnan(value)) {
+    // Keep the top of the payload and set the quiet bit, so the result cannot become inf.
+    const auto payload = static_cast<uint32_t>((bits & kDoubleMantissaMask) >> (52 - mantissa_bits));
+    return static_cast<uint16_t>(sign | infinity | (1u << (mantissa_bits - 1)) | payload);
+  }
+  if (std::isinf(value)) return static_cast<uint16_t>(sign | infinity);
+  const int biased_exponent = static_cast<int>((bits >> 52) & 0x7FF);
+  // Double subnormals (and zeros) lie far below half the smallest subnormal of either target.
+  if (biased_exponent == 0) return static_cast<uint16_t>(sign);
+
+  // |value| = significand · 2^(biased_exponent − 1075).
+  const uint64_t significand = (bits & kDoubleMantissaMask) | (uint64_t{1} << 52);
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  // Exponent of the target binade; values below the smallest normal share the subnormal spacing.
+  const int binade = std::max(biased_exponent - 1023, 1 - bias);
+  // Count |value| in units of the target spacing 2^(binade − mantissa_bits).
+  const int shift = binade - mantissa_bits - (biased_exponent - 1075);
+  if (shift >= 64) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+  uint64_t units = significand >> shift;
+  const uint64_t remainder = significand & ((uint64_t{1} << shift) - 1);
+  const uint64_t half = uint64_t{1} << (shift - 1);
+  if (remainder > half || (remainder == half && (units & 1) != 0)) ++units;
+  // Encodings grow monotonically with magnitude, so a carry out of the mantissa lands on the
+  // next binade (or on inf) by itself; anything past inf is clamped to inf.
+  const uint64_t magnitude = (static_cast<uint64_t>(binade + bias - 1) << mantissa_bits) + units;
+  return static_cast<uint16_t>(sign | std::min<uint64_t>(magnitude, infinity));
+}
+
+uint16_t double_to_f16(double value) { return round_to_16_bit_float(value, 5, 10); }
+uint16_t double_to_bf16(double value) { return round_to_16_bit_float(value, 8, 7); }
+
+// ---------------------------------------------------------------------------------------------
+// Element conversions shared by to_tensor and from_tensor.
+
+template <class T>
+constexpr const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float";
+  else if constexpr (std::is_same_v<T, double>) return "double";
+  else if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_same_v<T, int64_t>) return "int64";
+  else if constexpr (std::is_same_v<T, int32_t>) return "int32";
+  else static_assert(!sizeof(T), "unsupported element type");
+}
+
+// Streams int8/uint8 as numbers rather than characters.
+template <class V>
+auto printable(V value) {
+  if constexpr (std::is_integral_v<V>) return static_cast<long long>(value);
+  else return value;
+}
+
+// `value` as To, or nullopt when it does not fit: to bool only 0 and 1 convert; to an integer only
+// finite whole numbers in range do. Conversions to floating point always succeed (rounding to
+// nearest, overflowing to inf, as static_cast does on IEEE hosts).
+template <class To, class From>
+std::optional<To> convert_element(From value) {
+  if constexpr (std::is_floating_point_v<To>) {
+    return static_cast<To>(value);
+  } else if constexpr (std::is_same_v<To, bool>) {
+    if (value == From{0}) return false;
+    if (value == From{1}) return true;
+    return std::nullopt;
+  } else if constexpr (std::is_floating_point_v<From>) {
+    const double whole = value;
+    const double limit = std::ldexp(1.0, std::numeric_limits<To>::digits);  // exact power of two
+    const double lowest = std::is_signed_v<To> ? -limit : 0.0;
+    if (!(whole >= lowest && whole < limit) || std::trunc(whole) != whole) return std::nullopt;
+    return static_cast<To>(whole);
+  } else if constexpr (std::is_same_v<From, bool>) {
+    return static_cast<To>(value);
+  } else {
+    if (!std::in_range<To>(value)) return std::nullopt;
+    return static_cast<To>(value);
+  }
+}
+
+// Decodes every element of `data`, stored as `Stored` and turned into a number by `decode`, into
+// `out`.
+template <class Stored, class T, class Decode>
+void decode_elements(Tensor<T>& out, const TensorData& data, const std::string& name, Decode decode) {
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    Stored stored;
+    std::memcpy(&stored, data.bytes.data() + static_cast<size_t>(i) * sizeof(Stored), sizeof(Stored));
+    const auto value = decode(stored, i);
+    const std::optional<T> converted = convert_element<T>(value);
+    check(converted.has_value(), "safetensors: tensor '", name, "': element ", i, " (",
+          printable(value), ") of ", to_string(data.dtype), " does not fit ", type_name<T>());
+    out[i] = *converted;
+  }
+}
+
+template <class Stored, class T, class Encode>
+std::vector<std::byte> encode_elements(const Tensor<T>& tensor, Encode encode) {
+  std::vector<std::byte> bytes(static_cast<size_t>(tensor.numel()) * sizeof(Stored));
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    const Stored stored = encode(tensor[i], i);
+    std::memcpy(bytes.data() + static_cast<size_t>(i) * sizeof(Stored), &stored, sizeof(Stored));
+  }
+  return bytes;
+}
+
+// Encoder that stores each element as Stored, refusing values that do not fit.
+template <class Stored, class T>
+auto checked_encoder(DType dtype) {
+  return [dtype](T value, int64_t i) {
+    const std::optional<Stored> converted = convert_element<Stored>(value);
+    check(converted.has_value(), "safetensors::from_tensor: element ", i, " (", printable(value),
+          ") does not fit ", to_string(dtype));
+    return *converted;
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Header parsing.
+
+// Shortens a JSON value for an error message, so a huge malformed array is not echoed whole.
+std::string abbreviate(const Json& value) {
+  constexpr size_t kMaxLength = 80;
+  std::string text = value.dump();
+  if (text.size() > kMaxLength) text = text.substr(0, kMaxLength) + "...";
+  return text;
+}
+
+std::optional<uint64_t> as_non_negative_integer(const Json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<uint64_t>();  // "-0"
+  return std::nullopt;
+}
+
+// Parses the header text, rejecting duplicate keys in any object (nlohmann would silently keep
+// the last one, so two readers could disagree about the same file).
+Json parse_header_json(std::string_view text) {
+  check(!text.empty(), "safetensors: header is empty, expected a JSON object starting with '{'");
+  const auto first = static_cast<unsigned char>(text.front());
+  check(first == '{', "safetensors: header must start with '{', got ",
+        (first >= 0x20 && first < 0x7F) ? detail::concat("'", text.front(), "'")
+                                         : detail::concat("byte ", static_cast<int>(first)));
+  // nlohmann treats a NUL byte as end of input, which would let anything after it through; a raw
+  // NUL is never valid JSON, so reject it up front.
+  check(text.find('\0') == std::string_view::npos, "safetensors: header contains a NUL byte at offset ",
+        text.find('\0'), ", which is not valid JSON");
+
+  struct OpenObject {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open_objects;
+  const Json::parser_callback_t reject_duplicates = [&](int /*depth*/, Json::parse_event_t event,
+                                                        Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        const auto& key = parsed.get_ref<const std::string&>();
+        OpenObject& object = open_objects.back();
+        if (!object.keys.insert(key).second) {
+          if (open_objects.size() == 1) throw Error("safetensors: duplicate key '" + key + "' in the header");
+          throw Error("safetensors: duplicate key '" + key + "' inside '" +
+                      open_objects[open_objects.size() - 2].last_key + "'");
+        }
+        object.last_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), reject_duplicates);
+  } catch (const Json::exception& e) {
+    throw Error(std::string("safetensors: header is not valid JSON (UTF-8): ") + e.what());
+  }
+}
+
+std::map<std::string, std::string> read_metadata(const Json& value) {
+  check(value.is_object(), "safetensors: __metadata__ must be an object mapping strings to strings, got ",
+        abbreviate(value));
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, entry] : value.items()) {
+    check(entry.is_string(), "safetensors: __metadata__ entry '", key, "' must be a string, got ",
+          abbreviate(entry));
+    metadata.emplace(key, entry.get<std::string>());
+  }
+  return metadata;
+}
+
+struct Entry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Validates one tensor entry on its own: fields, dtype, shape, offsets and their agreement.
+Entry read_entry(const std::string& name, const Json& value) {
+  const std::string where = "safetensors: tensor '" + name + "'";
+  check(value.is_object(), where, ": expected an object with dtype, shape and data_offsets, got ",
+        abbreviate(value));
+  for (const auto& [key, field] : value.items())
+    check(key == "dtype" || key == "shape" || key == "data_offsets", where, ": unexpected field '", key,
+          "' (expected exactly dtype, shape and data_offsets)");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    check(value.contains(field), where, ": missing field '", field, "'");
+
+  Entry entry;
+  entry.name = name;
+
+  const Json& dtype = value.at("dtype");
+  check(dtype.is_string(), where, ": dtype must be a string, got ", abbreviate(dtype));
+  const std::optional<DType> known = find_dtype(dtype.get<std::string>());
+  check(known.has_value(), where, ": unknown dtype ", abbreviate(dtype), " (known: ", known_dtype_names(), ")");
+  entry.dtype = *known;
+
+  const Json& shape = value.at("shape");
+  check(shape.is_array(), where, ": shape must be an array of non-negative integers, got ", abbreviate(shape));
+  for (const Json& dim : shape) {
+    const std::optional<uint64_t> size = as_non_negative_integer(dim);
+    check(size.has_value() && *size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), where,
+          ": shape must be an array of non-negative integers, got ", abbreviate(shape));
+    entry.shape.push_back(static_cast<int64_t>(*size));
+  }
+
+  const Json& offsets = value.at("data_offsets");
+  const bool is_pair = offsets.is_array() && offsets.size() == 2;
+  const std::optional<uint64_t> begin = is_pair ? as_non_negative_integer(offsets[0]) : std::nullopt;
+  const std::optional<uint64_t> end = is_pair ? as_non_negative_integer(offsets[1]) : std::nullopt;
+  check(begin.has_value() && end.has_value(), where,
+        ": data_offsets must be [begin, end] with non-negative integers, got ", abbreviate(offsets));
+  entry.begin = *begin;
+  entry.end = *end;
+  check(entry.end >= entry.begin, where, ": data_offsets ", describe_offsets(entry.begin, entry.end),
+        " are reversed (end < begin)");
+
+  const uint64_t needed = byte_size(entry.shape, entry.dtype, where);
+  check(entry.end - entry.begin == needed, where, ": data_offsets ", describe_offsets(entry.begin, entry.end),
+        " hold ", entry.end - entry.begin, " bytes but shape ", mha::to_string(entry.shape), " of ",
+        to_string(entry.dtype), " needs ", needed);
+  return entry;
+}
+
+// The tensors, sorted by offset, must tile the data buffer exactly: no gap, no overlap, no
+// trailing bytes. (Each entry is already known to end inside the buffer.)
+void check_tiling(std::vector<Entry>& entries, uint64_t data_size) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& entry : entries) {
+    check(entry.begin >= covered, "safetensors: tensor '", entry.name, "': data_offsets ",
+          describe_offsets(entry.begin, entry.end), " overlap tensor '", previous ? previous->name : "",
+          "' at ", previous ? describe_offsets(previous->begin, previous->end) : "");
+    check(entry.begin == covered, "safetensors: tensor '", entry.name, "': data_offsets ",
+          describe_offsets(entry.begin, entry.end), " leave a gap: bytes [", covered, ", ", entry.begin,
+          ") of the data buffer belong to no tensor");
+    covered = entry.end;
+    previous = &entry;
+  }
+  check(covered == data_size, "safetensors: the data buffer has ", data_size, " bytes but the tensors cover ",
+        covered, " (trailing bytes after the last tensor)");
+}
+
+}  // namespace
+
+std::string to_string(DType dtype) { return info(dtype).name; }
+
+DType dtype_from_string(const std::string& name) {
+  const std::optional<DType> dtype = find_dtype(name);
+  check(dtype.has_value(), "safetensors: unknown dtype '", name, "' (known: ", known_dtype_names(), ")");
+  return *dtype;
+}
+
+size_t dtype_size(DType dtype) { return info(dtype).size; }
+
+File parse(std::span<const std::byte> bytes) {
+  check(bytes.size() >= kHeaderSizeBytes, "safetensors: file is ", bytes.size(),
+        " bytes, too short for the 8-byte header size");
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), sizeof(header_size));
+  check(header_size <= kMaxHeaderSize, "safetensors: header size ", header_size, " exceeds the limit of ",
+        kMaxHeaderSize, " bytes");
+  // Compared against what follows the size field, so the sum below cannot overflow.
+  check(header_size <= bytes.size() - kHeaderSizeBytes, "safetensors: header size ", header_size,
+        " runs past the end of the file (", bytes.size() - kHeaderSizeBytes, " bytes follow the size field)");
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data()) + kHeaderSizeBytes,
+                                     static_cast<size_t>(header_size));
+  const std::span<const std::byte> data = bytes.subspan(kHeaderSizeBytes + static_cast<size_t>(header_size));
+
+  const Json header = parse_header_json(header_text);
+  File file;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      file.metadata = read_metadata(value);
+      continue;
+    }
+    Entry entry = read_entry(key, value);
+    check(entry.end <= data.size(), "safetensors: tensor '", key, "': data_offsets ",
+          describe_offsets(entry.begin, entry.end), " run past the end of the ", data.size(),
+          "-byte data buffer (file truncated?)");
+    entries.push_back(std::move(entry));
+  }
+  check_tiling(entries, data.size());
+
+  for (Entry& entry : entries) {
+    const auto tensor_bytes = data.subspan(static_cast<size_t>(entry.begin),
+                                           static_cast<size_t>(entry.end - entry.begin));
+    file.tensors.emplace(std::move(entry.name),
+                         TensorData{entry.dtype, std::move(entry.shape), {tensor_bytes.begin(), tensor_bytes.end()}});
+  }
+  return file;
+}
+
+File load(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  check(!error && fs::exists(status), "safetensors: cannot load '", path, "': ",
+        error ? error.message() : "no such file");
+  check(!fs::is_directory(status), "safetensors: cannot load '", path, "': it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  check(in.is_open(), "safetensors: cannot open '", path, "': ", std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  check(in.good() && size >= 0, "safetensors: cannot determine the size of '", path, "'");
+  std::vector<std::byte> bytes(static_cast<size_t>(size));
+  in.read(reinterpret_cast<char*>(bytes.data()), size);
+  check(in.gcount() == size, "safetensors: cannot read '", path, "': got ", in.gcount(), " of ", size, " bytes");
+  try {
+    return parse(bytes);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (in '" + path + "')");
+  }
+}
+
+std::vector<std::byte> serialize(const File& file) {
+  OrderedJson header = OrderedJson::object();
+  if (!file.metadata.empty()) {
+    OrderedJson metadata = OrderedJson::object();
+    for (const auto& [key, value] : file.metadata) metadata[key] = value;
+    header[std::string(kMetadataKey)] = std::move(metadata);
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : file.tensors) {
+    check(name != kMetadataKey, "safetensors: '__metadata__' is reserved for metadata and cannot name a tensor");
+    const std::string where = "safetensors: tensor '" + name + "'";
+    const uint64_t size = byte_size(tensor.shape, tensor.dtype, where);
+    check(tensor.bytes.size() == size, where, ": has ", tensor.bytes.size(), " bytes but shape ",
+          mha::to_string(tensor.shape), " of ", to_string(tensor.dtype), " needs ", size);
+    OrderedJson entry = OrderedJson::object();
+    entry["dtype"] = to_string(tensor.dtype);
+    entry["shape"] = tensor.shape;
+    entry["data_offsets"] = OrderedJson::array({offset, offset + size});
+    header[name] = std::move(entry);
+    offset += size;
+  }
+
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const OrderedJson::exception& e) {
+    throw Error(std::string("safetensors: tensor names and metadata must be valid UTF-8: ") + e.what());
+  }
+  // Padding to a multiple of 8 keeps the data buffer 8-byte aligned in the file.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  check(header_text.size() <= kMaxHeaderSize, "safetensors: header of ", header_text.size(),
+        " bytes exceeds the limit of ", kMaxHeaderSize);
+
+  std::vector<std::byte> out;
+  out.reserve(kHeaderSizeBytes + header_text.size() + static_cast<size_t>(offset));
+  const uint64_t header_size = header_text.size();
+  const auto* size_bytes = reinterpret_cast<const std::byte*>(&header_size);
+  out.insert(out.end(), size_bytes, size_bytes + sizeof(header_size));
+  const auto* text_bytes = reinterpret_cast<const std::byte*>(header_text.data());
+  out.insert(out.end(), text_bytes, text_bytes + header_text.size());
+  for (const auto& [name, tensor] : file.tensors) out.insert(out.end(), tensor.bytes.begin(), tensor.bytes.end());
+  return out;
+}
+
+void save(const File& file, const std::string& path) {
+  // Serialise first: an invalid File must not touch the disk at all.
+  const std::vector<std::byte> image = serialize(file);
+  static std::atomic<uint64_t> counter{0};
+  const std::string temporary =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  try {
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      check(out.is_open(), "safetensors: cannot save '", path, "': cannot create '", temporary, "': ",
+            std::strerror(errno));
+      out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+      out.close();
+      check(!out.fail(), "safetensors: cannot save '", path, "': writing '", temporary, "' failed");
+    }
+    std::error_code error;
+    fs::rename(temporary, path, error);
+    check(!error, "safetensors: cannot save '", path, "': renaming '", temporary, "' failed: ", error.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    throw;
+  }
+}
+
+template <class T>
+Tensor<T> to_tensor(const TensorData& data, const std::string& name) {
+  const std::string where = "safetensors: tensor '" + name + "'";
+  const uint64_t needed = byte_size(data.shape, data.dtype, where);
+  check(data.bytes.size() == needed, where, ": has ", data.bytes.size(), " bytes but shape ",
+        mha::to_string(data.shape), " of ", to_string(data.dtype), " needs ", needed);
+  Tensor<T> out(data.shape);
+  const auto as_is = [](auto stored, int64_t) { return stored; };
+  switch (data.dtype) {
+    case DType::BOOL:
+      decode_elements<uint8_t>(out, data, name, [&](uint8_t byte, int64_t i) {
+        check(byte <= 1, where, ": BOOL element ", i, " is stored as byte ", static_cast<int>(byte),
+              ", expected 0 or 1");
+        return byte == 1;
+      });
+      break;
+    case DType::U8: decode_elements<uint8_t>(out, data, name, as_is); break;
+    case DType::I8: decode_elements<int8_t>(out, data, name, as_is); break;
+    case DType::I16: decode_elements<int16_t>(out, data, name, as_is); break;
+    case DType::I32: decode_elements<int32_t>(out, data, name, as_is); break;
+    case DType::I64: decode_elements<int64_t>(out, data, name, as_is); break;
+    case DType::F16:
+      decode_elements<uint16_t>(out, data, name, [](uint16_t half, int64_t) { return f16_to_float(half); });
+      break;
+    case DType::BF16:
+      decode_elements<uint16_t>(out, data, name, [](uint16_t bf16, int64_t) { return bf16_to_float(bf16); });
+      break;
+    case DType::F32: decode_elements<float>(out, data, name, as_is); break;
+    case DType::F64: decode_elements<double>(out, data, name, as_is); break;
+  }
+  return out;
+}
+
+template <class T>
+TensorData from_tensor(const Tensor<T>& tensor) {
+  if constexpr (std::is_same_v<T, float>) return from_tensor(tensor, DType::F32);
+  else if constexpr (std::is_same_v<T, double>) return from_tensor(tensor, DType::F64);
+  else if constexpr (std::is_same_v<T, bool>) return from_tensor(tensor, DType::BOOL);
+  else if constexpr (std::is_same_v<T, int64_t>) return from_tensor(tensor, DType::I64);
+  else if constexpr (std::is_same_v<T, int32_t>) return from_tensor(tensor, DType::I32);
+  else static_assert(!sizeof(T), "unsupported element type");
+}
+
+// Any element type converts to any dtype: floating dtypes round (F16/BF16 to nearest even),
+// integer and BOOL dtypes accept only values they hold exactly.
+template <class T>
+TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
+  check(tensor.defined(), "safetensors::from_tensor: the tensor is undefined (default-constructed)");
+  TensorData data{dtype, tensor.shape(), {}};
+  const auto to_f16 = [](T value, int64_t) { return double_to_f16(static_cast<double>(value)); };
+  const auto to_bf16 = [](T value, int64_t) { return double_to_bf16(static_cast<double>(value)); };
+  switch (dtype) {
+    case DType::BOOL: {
+      const auto to_bool = checked_encoder<bool, T>(dtype);
+      data.bytes = encode_elements<uint8_t>(tensor, [&](T value, int64_t i) {
+        return static_cast<uint8_t>(to_bool(value, i));
+      });
+      break;
+    }
+    case DType::U8: data.bytes = encode_elements<uint8_t>(tensor, checked_encoder<uint8_t, T>(dtype)); break;
+    case DType::I8: data.bytes = encode_elements<int8_t>(tensor, checked_encoder<int8_t, T>(dtype)); break;
+    case DType::I16: data.bytes = encode_elements<int16_t>(tensor, checked_encoder<int16_t, T>(dtype)); break;
+    case DType::I32: data.bytes = encode_elements<int32_t>(tensor, checked_encoder<int32_t, T>(dtype)); break;
+    case DType::I64: data.bytes = encode_elements<int64_t>(tensor, checked_encoder<int64_t, T>(dtype)); break;
+    case DType::F16: data.bytes = encode_elements<uint16_t>(tensor, to_f16); break;
+    case DType::BF16: data.bytes = encode_elements<uint16_t>(tensor, to_bf16); break;
+    case DType::F32: data.bytes = encode_elements<float>(tensor, checked_encoder<float, T>(dtype)); break;
+    case DType::F64: data.bytes = encode_elements<double>(tensor, checked_encoder<double, T>(dtype)); break;
+    default: throw Error(detail::concat("safetensors::from_tensor: invalid DType value ", static_cast<int>(dtype)));
+  }
+  return data;
+}
+
+const TensorData& require(const File& file, const std::string& name, const std::string& what) {
+  const auto found = file.tensors.find(name);
+  if (found != file.tensors.end()) return found->second;
+  std::string names;
+  for (const auto& [have, tensor] : file.tensors) names += (names.empty() ? "" : ", ") + have;
+  throw Error(what + ": no tensor named '" + name + "' (have: " + (names.empty() ? "none" : names) + ")");
+}
+
+#define MHA_INSTANTIATE(T)                                                       \
+  template Tensor<T> to_tensor<T>(const TensorData&, const std::string&);        \
+  template TensorData from_tensor<T>(const Tensor<T>&);                          \
+  template TensorData from_tensor<T>(const Tensor<T>&, DType);
+MHA_INSTANTIATE(float)
+MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bool)
+MHA_INSTANTIATE(int64_t)
+MHA_INSTANTIATE(int32_t)
+#undef MHA_INSTANTIATE
+
+}  // namespace mha::safetensors

@@ -1,0 +1,149 @@
+#include "attention_command.h"
+
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "mha/core/safetensors.h"
+#include "mha/nn/multihead_attention.h"
+
+namespace mha::tools {
+namespace {
+
+namespace st = mha::safetensors;
+
+struct AttentionArgs {
+  std::string weights_path, inputs_path, output_path;
+  std::string dtype = "float32";
+  nn::MultiheadAttentionOptions module;
+  int64_t kdim = 0, vdim = 0;  // 0: embed_dim, as PyTorch's None
+  bool need_weights = true, average_attn_weights = true, is_causal = false;
+  bool train = false, backward = false;
+  uint64_t seed = 0;
+};
+
+const char* kContract = R"(
+Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for the same flags):
+  --weights file:  PyTorch state_dict names: in_proj_weight (3E, E), or q_proj_weight (E, E),
+                   k_proj_weight (E, kdim), v_proj_weight (E, vdim) when kdim/vdim differ;
+                   in_proj_bias (3E), bias_k, bias_v (1, 1, E), out_proj.weight (E, E),
+                   out_proj.bias (E). Without --weights the module is initialised from --seed
+                   as PyTorch initialises it.
+  --inputs file:   query; key and value (default: query, i.e. self-attention);
+                   key_padding_mask, attn_mask (BOOL: True = may not attend; float: added);
+                   grad_output (required with --backward).
+                   Layout (L, N, E), (N, L, E) with --batch-first, (L, E) unbatched.
+  --output file:   output; attn_weights (with --need-weights); with --backward: grad_query,
+                   grad_key, grad_value and grad.<parameter name> (e.g. grad.in_proj_weight).
+Float tensors of any float dtype are read; results are written as F32 (F64 with --dtype float64).
+The output file is written atomically: on any error no output file is left.)";
+
+template <class T>
+std::optional<nn::Mask<T>> read_mask(const st::File& inputs, const std::string& name) {
+  auto it = inputs.tensors.find(name);
+  if (it == inputs.tensors.end()) return std::nullopt;
+  const st::DType dtype = it->second.dtype;
+  if (dtype == st::DType::BOOL) return st::to_tensor<bool>(it->second, name);
+  check(dtype == st::DType::F32 || dtype == st::DType::F64 || dtype == st::DType::F16 || dtype == st::DType::BF16,
+        name, ": expected dtype BOOL or a float dtype (F16, BF16, F32, F64), got ", st::to_string(dtype));
+  return st::to_tensor<T>(it->second, name);
+}
+
+template <class T>
+void run(const AttentionArgs& args) {
+  nn::MultiheadAttentionOptions options = args.module;
+  if (args.kdim) options.kdim = args.kdim;
+  if (args.vdim) options.vdim = args.vdim;
+  nn::MultiheadAttention<T> module(options, args.seed);
+  module.train(args.train);
+
+  if (!args.weights_path.empty()) {
+    nn::StateDict<T> state;
+    for (const auto& [name, data] : st::load(args.weights_path).tensors)
+      state.emplace(name, st::to_tensor<T>(data, args.weights_path + ": " + name));
+    module.load_state_dict(state);
+  }
+
+  const st::File inputs = st::load(args.inputs_path);
+  const Tensor<T> query = st::to_tensor<T>(st::require(inputs, "query", args.inputs_path), "query");
+  auto optional_input = [&](const char* name) {
+    auto it = inputs.tensors.find(name);
+    return it == inputs.tensors.end() ? query : st::to_tensor<T>(it->second, name);
+  };
+  const Tensor<T> key = optional_input("key"), value = optional_input("value");
+
+  nn::MultiheadAttentionArgs<T> forward_args;
+  forward_args.key_padding_mask = read_mask<T>(inputs, "key_padding_mask");
+  forward_args.attn_mask = read_mask<T>(inputs, "attn_mask");
+  forward_args.need_weights = args.need_weights;
+  forward_args.average_attn_weights = args.average_attn_weights;
+  forward_args.is_causal = args.is_causal;
+
+  nn::MultiheadAttentionCache<T> cache;
+  auto result = module.forward(query, key, value, forward_args, args.backward ? &cache : nullptr);
+
+  st::File out;
+  out.metadata["producer"] = "mha attention";
+  out.tensors["output"] = st::from_tensor(result.output);
+  if (result.attn_weights) out.tensors["attn_weights"] = st::from_tensor(*result.attn_weights);
+  if (args.backward) {
+    const Tensor<T> grad_output =
+        st::to_tensor<T>(st::require(inputs, "grad_output", args.inputs_path + " (needed by --backward)"),
+                         "grad_output");
+    module.zero_grad();
+    auto grads = module.backward(grad_output, cache);
+    out.tensors["grad_query"] = st::from_tensor(grads.grad_query);
+    out.tensors["grad_key"] = st::from_tensor(grads.grad_key);
+    out.tensors["grad_value"] = st::from_tensor(grads.grad_value);
+    for (const auto& p : module.parameters()) out.tensors["grad." + p.name] = st::from_tensor(*p.grad);
+  }
+  st::save(out, args.output_path);
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app) {
+  auto args = std::make_shared<AttentionArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "attention", "Run torch.nn.MultiheadAttention's forward (and backward) on tensors from .safetensors files.");
+  cmd->footer(kContract);
+  cmd->add_option("--weights", args->weights_path, "state_dict .safetensors (PyTorch names)")->check(CLI::ExistingFile);
+  cmd->add_option("--inputs", args->inputs_path, "inputs .safetensors (query, key, value, masks, grad_output)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--output", args->output_path, "where to write the results (.safetensors)")->required();
+  cmd->add_option("--dtype", args->dtype, "computation precision")
+      ->check(CLI::IsMember({"float32", "float64"}))
+      ->capture_default_str();
+  // Module arguments: PyTorch's names and defaults.
+  cmd->add_option("--embed-dim", args->module.embed_dim, "embed_dim: total width of the model")->required();
+  cmd->add_option("--num-heads", args->module.num_heads, "num_heads: parallel attention heads")->required();
+  cmd->add_option("--dropout", args->module.dropout, "dropout probability on attention weights (training only)")
+      ->capture_default_str();
+  cmd->add_flag("--bias,!--no-bias", args->module.bias, "bias in the input/output projections (default on)");
+  cmd->add_flag("--add-bias-kv,!--no-add-bias-kv", args->module.add_bias_kv, "add learned bias_k/bias_v to key/value");
+  cmd->add_flag("--add-zero-attn,!--no-add-zero-attn", args->module.add_zero_attn,
+                "add a zero key/value to every sequence");
+  cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)");
+  cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)");
+  cmd->add_flag("--batch-first,!--no-batch-first", args->module.batch_first, "inputs are (N, L, E) instead of (L, N, E)");
+  // Forward arguments.
+  cmd->add_flag("--need-weights,!--no-need-weights", args->need_weights, "also return attention weights (default on)");
+  cmd->add_flag("--average-attn-weights,!--no-average-attn-weights", args->average_attn_weights,
+                "average the weights over heads (default on)");
+  cmd->add_flag("--is-causal,!--no-is-causal", args->is_causal, "hint that attn_mask is the causal mask");
+  // Mode.
+  cmd->add_flag("--train,!--eval", args->train, "training mode (dropout active); default eval");
+  cmd->add_option("--seed", args->seed, "seed for initialisation and dropout")->capture_default_str();
+  cmd->add_flag("--backward", args->backward, "also compute gradients for grad_output");
+  cmd->callback([args] {
+    if (args->dtype == "float64") {
+      run<double>(*args);
+    } else {
+      run<float>(*args);
+    }
+  });
+}
+
+}  // namespace mha::tools

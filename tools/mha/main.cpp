@@ -1,0 +1,27 @@
+// The mha command-line tool. Each subcommand lives in its own file; this file only wires them
+// up and turns errors into one-line messages with a non-zero exit.
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+
+#include "attention_command.h"
+#include "mha/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mha: multi-head attention, faithful to PyTorch, forward and backward."};
+  app.require_subcommand(1);
+  mha::tools::add_attention_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const mha::Error& e) {
+    std::cerr << "mha: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "mha: internal error: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}
