@@ -49,23 +49,24 @@ class Module {
   }
 
   // Strict, like PyTorch's default: a missing, unexpected or wrongly shaped tensor is an
-  // mha::Error naming it (all problems are listed, not just the first).
+  // mha::Error naming it (all problems are listed on one line, not just the first).
   void load_state_dict(const StateDict<T>& state) {
     std::string problems;
+    auto add_problem = [&](const std::string& p) { problems += (problems.empty() ? " " : "; ") + p; };
     auto params = parameters();
     for (auto& p : params) {
       auto it = state.find(p.name);
       if (it == state.end()) {
-        problems += "\n  missing tensor '" + p.name + "' with shape " + to_string(p.value->shape());
+        add_problem("missing tensor '" + p.name + "' with shape " + to_string(p.value->shape()));
       } else if (it->second.shape() != p.value->shape()) {
-        problems += "\n  tensor '" + p.name + "': expected shape " + to_string(p.value->shape()) +
-                    ", got " + to_string(it->second.shape());
+        add_problem("tensor '" + p.name + "': expected shape " + to_string(p.value->shape()) + ", got " +
+                    to_string(it->second.shape()));
       }
     }
     for (auto& [name, tensor] : state) {
       bool known = false;
       for (auto& p : params) known = known || p.name == name;
-      if (!known) problems += "\n  unexpected tensor '" + name + "' with shape " + to_string(tensor.shape());
+      if (!known) add_problem("unexpected tensor '" + name + "' with shape " + to_string(tensor.shape()));
     }
     check(problems.empty(), "load_state_dict: the state dict does not match the module:", problems);
     for (auto& p : params) *p.value = state.at(p.name);

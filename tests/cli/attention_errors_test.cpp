@@ -1,0 +1,128 @@
+// `mha attention` on bad input: a one-line message naming the problem, a non-zero exit, and no
+// output file left behind.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "mha/core/safetensors.h"
+
+namespace mha {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = mha::safetensors;
+
+struct CliResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CliResult run_cli(const std::string& arguments) {
+  const std::string command = std::string(MHA_CLI_PATH) + " " + arguments + " 2>&1";
+  CliResult r{0, {}};
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buffer{};
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class AttentionCliErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mha_cli_errors_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    st::File inputs;
+    inputs.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f));
+    inputs.tensors["grad_output"] = st::from_tensor(Tensor<float>({3, 2, 4}, 1.0f));
+    st::save(inputs, path("inputs.safetensors"));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs the command, expects failure with `needle` in the message and no output file.
+  void expect_failure(const std::string& arguments, const std::string& needle) {
+    const CliResult r = run_cli("attention --output " + path("out.safetensors") + " " + arguments);
+    EXPECT_NE(r.exit_code, 0) << arguments;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << "message: " << r.output;
+    EXPECT_FALSE(fs::exists(path("out.safetensors"))) << arguments;
+    for (const auto& entry : fs::directory_iterator(dir_))  // no temp file either
+      EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AttentionCliErrors, RunsWithoutWeightsFromTheSeed) {
+  const CliResult r = run_cli("attention --embed-dim 4 --num-heads 2 --backward --inputs " +
+                              path("inputs.safetensors") + " --output " + path("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const st::File out = st::load(path("out.safetensors"));
+  for (const char* name : {"output", "attn_weights", "grad_query", "grad_key", "grad_value",
+                           "grad.in_proj_weight", "grad.in_proj_bias", "grad.out_proj.weight", "grad.out_proj.bias"})
+    EXPECT_TRUE(out.tensors.count(name)) << name;
+  EXPECT_EQ(out.tensors.at("attn_weights").shape, (Shape{2, 3, 3}));
+}
+
+TEST_F(AttentionCliErrors, ModuleArgumentErrors) {
+  const std::string in = " --inputs " + path("inputs.safetensors");
+  expect_failure("--embed-dim 4 --num-heads 3" + in, "embed_dim must be divisible by num_heads");
+  expect_failure("--embed-dim 6 --num-heads 2" + in, "query: expected last dimension embed_dim = 6");
+  expect_failure("--embed-dim 4 --num-heads 2 --dropout 2" + in, "dropout: expected a probability");
+  expect_failure("--num-heads 2" + in, "--embed-dim is required");
+  expect_failure("--embed-dim 4 --num-heads 2 --no-such-flag" + in, "no-such-flag");
+  expect_failure("--embed-dim 4 --num-heads 2 --is-causal" + in, "is_causal: PyTorch requires attn_mask");
+}
+
+TEST_F(AttentionCliErrors, InputFileErrors) {
+  const std::string flags = "--embed-dim 4 --num-heads 2 --inputs ";
+  expect_failure(flags + path("missing.safetensors"), "missing.safetensors");
+  std::ofstream(path("corrupt.safetensors"), std::ios::binary) << "this is not a safetensors file";
+  expect_failure(flags + path("corrupt.safetensors"), "corrupt.safetensors");
+
+  st::File bad_mask;
+  bad_mask.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}));
+  bad_mask.tensors["attn_mask"] = st::from_tensor(Tensor<int64_t>({3, 3}));
+  st::save(bad_mask, path("bad_mask.safetensors"));
+  expect_failure(flags + path("bad_mask.safetensors"), "attn_mask: expected dtype BOOL or a float dtype");
+
+  st::File no_query;
+  no_query.tensors["key"] = st::from_tensor(Tensor<float>({3, 2, 4}));
+  st::save(no_query, path("no_query.safetensors"));
+  expect_failure(flags + path("no_query.safetensors"), "no tensor named 'query'");
+
+  st::File no_grad;
+  no_grad.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}));
+  st::save(no_grad, path("no_grad.safetensors"));
+  expect_failure(flags + path("no_grad.safetensors") + " --backward", "no tensor named 'grad_output'");
+}
+
+TEST_F(AttentionCliErrors, WeightErrors) {
+  st::File weights;
+  weights.tensors["in_proj_weight"] = st::from_tensor(Tensor<float>({12, 4}));
+  weights.tensors["in_proj_bias"] = st::from_tensor(Tensor<float>({12}));
+  weights.tensors["out_proj.weight"] = st::from_tensor(Tensor<float>({4, 3}));
+  st::save(weights, path("weights.safetensors"));
+  expect_failure("--embed-dim 4 --num-heads 2 --weights " + path("weights.safetensors") + " --inputs " +
+                     path("inputs.safetensors"),
+                 "tensor 'out_proj.weight': expected shape [4, 4], got [4, 3]");
+  const CliResult r = run_cli("attention --embed-dim 4 --num-heads 2 --weights " + path("weights.safetensors") +
+                              " --inputs " + path("inputs.safetensors") + " --output " + path("out.safetensors"));
+  EXPECT_NE(r.output.find("missing tensor 'out_proj.bias'"), std::string::npos) << r.output;
+}
+
+TEST_F(AttentionCliErrors, UnwritableOutputLeavesNothing) {
+  const CliResult r = run_cli("attention --embed-dim 4 --num-heads 2 --inputs " + path("inputs.safetensors") +
+                              " --output " + path("no_such_dir/out.safetensors"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no_such_dir"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(path("no_such_dir")));
+}
+
+}  // namespace
+}  // namespace mha
