@@ -23,7 +23,10 @@ struct AttentionArgs {
   uint64_t seed = 0;
 };
 
-const char* kContract = R"(
+}  // namespace
+
+const char* attention_contract() {
+  return R"(
 Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for the same flags):
   --weights file:  PyTorch state_dict names: in_proj_weight (3E, E), or q_proj_weight (E, E),
                    k_proj_weight (E, kdim), v_proj_weight (E, vdim) when kdim/vdim differ;
@@ -38,6 +41,9 @@ Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for
                    grad_key, grad_value and grad.<parameter name> (e.g. grad.in_proj_weight).
 Float tensors of any float dtype are read; results are written as F32 (F64 with --dtype float64).
 The output file is written atomically: on any error no output file is left.)";
+}
+
+namespace {
 
 template <class T>
 std::optional<nn::Mask<T>> read_mask(const st::File& inputs, const std::string& name) {
@@ -107,7 +113,7 @@ void add_attention_command(CLI::App& app) {
   auto args = std::make_shared<AttentionArgs>();
   CLI::App* cmd = app.add_subcommand(
       "attention", "Run torch.nn.MultiheadAttention's forward (and backward) on tensors from .safetensors files.");
-  cmd->footer(kContract);
+  cmd->footer(attention_contract());
   cmd->add_option("--weights", args->weights_path, "state_dict .safetensors (PyTorch names)")->check(CLI::ExistingFile);
   cmd->add_option("--inputs", args->inputs_path, "inputs .safetensors (query, key, value, masks, grad_output)")
       ->required()

@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "attention_command.h"
 #include "mha/core/error.h"
@@ -12,6 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention, faithful to PyTorch, forward and backward."};
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
+  app.footer(std::string("\n`mha attention --help` lists every flag.\n") + mha::tools::attention_contract());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
