@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -17,7 +18,7 @@ struct AttentionArgs {
   std::string weights_path, inputs_path, output_path;
   std::string dtype = "float32";
   nn::MultiheadAttentionOptions module;
-  int64_t kdim = 0, vdim = 0;  // 0: embed_dim, as PyTorch's None
+  int64_t kdim = 0, vdim = 0;  // 0 = not given: embed_dim, as PyTorch's None
   bool need_weights = true, average_attn_weights = true, is_causal = false;
   bool train = false, backward = false;
   uint64_t seed = 0;
@@ -131,8 +132,8 @@ void add_attention_command(CLI::App& app) {
   cmd->add_flag("--add-bias-kv,!--no-add-bias-kv", args->module.add_bias_kv, "add learned bias_k/bias_v to key/value");
   cmd->add_flag("--add-zero-attn,!--no-add-zero-attn", args->module.add_zero_attn,
                 "add a zero key/value to every sequence");
-  cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)");
-  cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)");
+  cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--batch-first,!--no-batch-first", args->module.batch_first, "inputs are (N, L, E) instead of (L, N, E)");
   // Forward arguments.
   cmd->add_flag("--need-weights,!--no-need-weights", args->need_weights, "also return attention weights (default on)");

@@ -34,7 +34,7 @@ class Dropout : public Module<T> {
   struct Cache {
     Tensor<bool> keep;  // the mask used; undefined when the forward was the identity
     double p = 0.0;
-    Shape shape;         // the input's shape
+    Shape shape;  // the input's shape
     bool filled = false;
   };
 

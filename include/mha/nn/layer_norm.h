@@ -4,6 +4,7 @@
 // with the biased variance (divide by the number of normalised elements), as PyTorch does.
 // Mean and variance are accumulated in double for both float and double.
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "mha/core/tensor.h"
@@ -20,13 +21,18 @@ class LayerNorm : public Module<T> {
   };
 
   // normalized_shape: the trailing dimensions to normalise over (non-empty, each >= 1).
-  // eps: finite and >= 0. elementwise_affine=false: no parameters. bias=false: weight only.
+  // eps: finite and >= 0. elementwise_affine=false: no parameters. use_bias=false (PyTorch's
+  // bias=False): weight only.
   // Parameters "weight" (initialised to 1) and "bias" (to 0), shaped normalized_shape.
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
-                     bool bias = true);
+                     bool use_bias = true);
+  // LayerNorm<float>({2, 3}): without this overload the braces could also mean (size 2, eps 3).
+  explicit LayerNorm(std::initializer_list<int64_t> normalized_shape, double eps = 1e-5,
+                     bool elementwise_affine = true, bool use_bias = true)
+      : LayerNorm(Shape(normalized_shape), eps, elementwise_affine, use_bias) {}
   // Normalise over the last dimension of size `normalized_size`.
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true,
-                     bool bias = true);
+                     bool use_bias = true);
 
   const Shape& normalized_shape() const { return normalized_shape_; }
   double eps() const { return eps_; }

@@ -68,7 +68,8 @@ Tensor<T> linear_backward(const Tensor<T>& x, const Tensor<T>& weight, const Ten
                           std::type_identity_t<Tensor<T>>* grad_weight,
                           std::type_identity_t<Tensor<T>>* grad_bias);
 
-// torch.nn.Linear. Parameters "weight" (out_features, in_features) and, with bias, "bias"
+// torch.nn.Linear. Parameters "weight" (out_features, in_features) and, with use_bias (PyTorch's
+// bias=True, the default), "bias"
 // (out_features), both initialised uniform(-1/sqrt(in_features), 1/sqrt(in_features)) from
 // `gen` (weight first, row-major, then bias), which is what PyTorch's
 // kaiming_uniform_(a=sqrt(5)) gives. in_features == 0 leaves an empty weight and a zero bias.
@@ -80,7 +81,7 @@ class Linear : public Module<T> {
   };
 
   Linear(int64_t in_features, int64_t out_features, Generator& gen);
-  Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen);
+  Linear(int64_t in_features, int64_t out_features, bool use_bias, Generator& gen);
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
