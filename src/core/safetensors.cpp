@@ -308,7 +308,7 @@ Json parse_header_json(std::string_view text) {
   try {
     return Json::parse(text.begin(), text.end(), reject_duplicates);
   } catch (const Json::exception& e) {
-    throw Error(std::string("safetensors: header is not valid JSON (UTF-8): ") + e.what());
+    throw Error(std::string("safetensors: header is not valid JSON: ") + e.what());
   }
 }
 
