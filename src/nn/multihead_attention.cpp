@@ -6,45 +6,12 @@
 #include <cmath>
 #include <limits>
 
-#include "mha/core/gemm.h"
+#include "mha/nn/linear.h"
 
 namespace mha::nn {
 namespace {
 
 using attention::Causal;
-
-// y (rows, out) = x (rows, in) · Wᵀ + b, with W (out, in) given as a pointer (it may be a row
-// block of the packed in_proj_weight).
-template <class T>
-Tensor<T> project(const Tensor<T>& x, const T* weight, const T* bias, int64_t out_features) {
-  const int64_t in_features = x.size(-1);
-  const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
-  Shape shape = x.shape();
-  shape.back() = out_features;
-  Tensor<T> y(shape);
-  if (bias)
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, out_features, y.data() + r * out_features);
-  gemm<T>(Transpose::no, Transpose::yes, rows, out_features, in_features, T(1), x.data(), in_features,
-          weight, in_features, bias ? T(1) : T(0), y.data(), out_features);
-  return y;
-}
-
-// Backward of project: returns dx; adds dW = dyᵀ·x and db = Σ dy into the gradients.
-template <class T>
-Tensor<T> project_backward(const Tensor<T>& x, const T* weight, const Tensor<T>& grad_y, T* grad_weight,
-                           T* grad_bias) {
-  const int64_t in_features = x.size(-1), out_features = grad_y.size(-1);
-  const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
-  Tensor<T> grad_x(x.shape());
-  gemm<T>(Transpose::no, Transpose::no, rows, in_features, out_features, T(1), grad_y.data(),
-          out_features, weight, in_features, T(0), grad_x.data(), in_features);
-  gemm<T>(Transpose::yes, Transpose::no, out_features, in_features, rows, T(1), grad_y.data(),
-          out_features, x.data(), in_features, T(1), grad_weight, in_features);
-  if (grad_bias)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out_features; ++o) grad_bias[o] += grad_y[r * out_features + o];
-  return grad_x;
-}
 
 // (N, L, H·hd) → (N, H, L, hd) and back.
 template <class T>
@@ -227,10 +194,11 @@ std::vector<Parameter<T>> MultiheadAttention<T>::parameters() {
 }
 
 template <class T>
-const T* MultiheadAttention<T>::projection_weight(int which) const {
-  if (packed_in_projection()) return in_proj_weight_.value.data() + which * options_.embed_dim * options_.embed_dim;
+WeightView<T> MultiheadAttention<T>::projection_weight(int which) const {
+  const int64_t e = options_.embed_dim;
+  if (packed_in_projection()) return weight_rows(in_proj_weight_.value, which * e, e);
   const Param* separate[3] = {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_};
-  return separate[which]->value.data();
+  return weight_view(separate[which]->value);
 }
 
 template <class T>
@@ -306,9 +274,11 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
 
   // 3. Input projections.
   const T* in_bias = options_.bias ? in_proj_bias_.value.data() : nullptr;
-  Tensor<T> q = project(q_in, projection_weight(0), in_bias, e);
-  Tensor<T> k = project(k_in, projection_weight(1), in_bias ? in_bias + e : nullptr, e);
-  Tensor<T> v = project(v_in, projection_weight(2), in_bias ? in_bias + 2 * e : nullptr, e);
+  Tensor<T> q = linear_forward(q_in, projection_weight(0), in_bias, "MultiheadAttention: q projection");
+  Tensor<T> k = linear_forward(k_in, projection_weight(1), in_bias ? in_bias + e : nullptr,
+                               "MultiheadAttention: k projection");
+  Tensor<T> v = linear_forward(v_in, projection_weight(2), in_bias ? in_bias + 2 * e : nullptr,
+                               "MultiheadAttention: v projection");
 
   // 4. add_bias_kv: one learned key/value appended to the sequence; masks get a free column.
   if (options_.add_bias_kv) {
@@ -368,8 +338,8 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
 
   // 9. Merge heads and project out.
   Tensor<T> merged = merge_heads(r.output);
-  Tensor<T> out = project(merged, out_proj_weight_.value.data(),
-                          options_.bias ? out_proj_bias_.value.data() : nullptr, e);
+  Tensor<T> out = linear_forward(merged, weight_view(out_proj_weight_.value),
+                                 options_.bias ? out_proj_bias_.value.data() : nullptr, "MultiheadAttention: out_proj");
 
   MultiheadAttentionOutput<T> result;
   if (unbatched) {
@@ -426,9 +396,9 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   };
 
   // 9. out_proj.
-  Tensor<T> grad_merged = project_backward(c.merged, out_proj_weight_.value.data(), to_internal(grad_output),
-                                           out_proj_weight_.grad.data(),
-                                           options_.bias ? out_proj_bias_.grad.data() : nullptr);
+  Tensor<T> grad_merged = linear_backward(c.merged, weight_view(out_proj_weight_.value), to_internal(grad_output),
+                                          out_proj_weight_.grad.data(),
+                                          options_.bias ? out_proj_bias_.grad.data() : nullptr);
   // 8. Attention.
   attention::Options<T> opt;
   opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
@@ -462,12 +432,12 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   // 3. Input projections.
   T* in_bias_grad = options_.bias ? in_proj_bias_.grad.data() : nullptr;
   MultiheadAttentionGradients<T> out;
-  out.grad_query = to_user(project_backward(c.query, projection_weight(0), grad_q, projection_weight_grad(0),
-                                            in_bias_grad));
-  out.grad_key = to_user(project_backward(c.key, projection_weight(1), grad_k, projection_weight_grad(1),
-                                          in_bias_grad ? in_bias_grad + e : nullptr));
-  out.grad_value = to_user(project_backward(c.value, projection_weight(2), grad_v, projection_weight_grad(2),
-                                            in_bias_grad ? in_bias_grad + 2 * e : nullptr));
+  out.grad_query = to_user(linear_backward(c.query, projection_weight(0), grad_q, projection_weight_grad(0),
+                                           in_bias_grad));
+  out.grad_key = to_user(linear_backward(c.key, projection_weight(1), grad_k, projection_weight_grad(1),
+                                         in_bias_grad ? in_bias_grad + e : nullptr));
+  out.grad_value = to_user(linear_backward(c.value, projection_weight(2), grad_v, projection_weight_grad(2),
+                                           in_bias_grad ? in_bias_grad + 2 * e : nullptr));
   return out;
 }
 

@@ -9,13 +9,15 @@
 #include <cmath>
 #include <limits>
 
+#include "../support/assertions.h"
 #include "../support/golden.h"
-#include "gradient_check.h"
+#include "../support/gradient_check.h"
 
 namespace mha::nn {
 namespace {
 
 using mha::testing::check_gradient;
+using mha::testing::expect_error;
 using mha::testing::random_tensor;
 using mha::testing::replacing;
 
@@ -169,16 +171,6 @@ TEST(MultiheadAttentionParameters, InitialisationFollowsPyTorchsDistributions) {
   MultiheadAttention<double> again(o, 3), other(o, 4);
   EXPECT_EQ(again.state_dict().at("in_proj_weight")[5], params.at("in_proj_weight")[5]);
   EXPECT_NE(other.state_dict().at("in_proj_weight")[5], params.at("in_proj_weight")[5]);
-}
-
-template <class F>
-void expect_error(F&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected mha::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(MultiheadAttentionParameters, LoadStateDictIsStrictAndNamesEveryProblem) {

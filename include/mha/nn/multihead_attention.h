@@ -17,6 +17,7 @@
 
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
+#include "mha/nn/linear.h"
 #include "mha/nn/module.h"
 
 namespace mha::nn {
@@ -108,8 +109,9 @@ class MultiheadAttention : public Module<T> {
   struct Param {
     Tensor<T> value, grad;
   };
-  // Rows [E·i, E·(i+1)) of the input projection for i = 0 (q), 1 (k), 2 (v).
-  const T* projection_weight(int which) const;
+  // The input projection for which = 0 (q), 1 (k), 2 (v): rows [E·which, E·(which+1)) of the
+  // packed in_proj_weight, or the separate weight.
+  WeightView<T> projection_weight(int which) const;
   T* projection_weight_grad(int which);
 
   MultiheadAttentionOptions options_;

@@ -1,0 +1,137 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "../support/gradient_check.h"
+#include "../support/assertions.h"
+#include "mha/nn/gelu.h"
+#include "mha/nn/relu.h"
+
+namespace {
+
+using mha::Generator;
+using mha::Shape;
+using mha::Tensor;
+using mha::nn::GELU;
+using mha::nn::GeluApproximation;
+using mha::nn::ReLU;
+using namespace mha::testing;
+
+// Random values kept away from 0 by at least 1e-3, so ReLU's kink is never inside [x − h, x + h].
+Tensor<double> away_from_zero(const Shape& shape, Generator& gen) {
+  Tensor<double> x = random_tensor(shape, gen, -3, 3);
+  for (double& v : x.values())
+    if (std::abs(v) < 1e-3) v = v < 0 ? -0.5 : 0.5;
+  return x;
+}
+
+TEST(ReLU, ValuesAndGradientAtZero) {
+  const Tensor<double> x({5}, {-2.0, -0.0, 0.0, 1e-300, 3.5});
+  const Tensor<double> y = mha::nn::relu(x);
+  const double expected[] = {0, 0, 0, 1e-300, 3.5};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(y[i], expected[i]);
+  const Tensor<double> g = mha::nn::relu_backward(x, Tensor<double>({5}, 1.0));
+  const double expected_g[] = {0, 0, 0, 1, 1};  // PyTorch: gradient 0 at x == 0
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(g[i], expected_g[i]);
+}
+
+TEST(ReLU, GradientsMatchFiniteDifferences) {
+  Generator gen(51);
+  ReLU<double> layer;
+  EXPECT_TRUE(layer.parameters().empty());
+  for (int trial = 0; trial < 8; ++trial) {
+    const Tensor<double> x = away_from_zero(random_shape(gen, trial % 5), gen);  // ranks 0..4
+    const Tensor<double> g = random_tensor(x.shape(), gen);
+    ReLU<double>::Cache cache;
+    layer.forward(x, &cache);
+    EXPECT_TRUE(check_gradient([&](const Tensor<double>& v) { return layer.forward(v); }, x, g,
+                               layer.backward(g, cache)))
+        << "shape " << mha::to_string(x.shape());
+  }
+}
+
+TEST(GELU, KnownValues) {
+  // Reference values: x·Φ(x) and the tanh formula, evaluated independently here.
+  const Tensor<double> x({5}, {-3.0, -1.0, 0.0, 0.5, 2.0});
+  const Tensor<double> exact = mha::nn::gelu(x);
+  const Tensor<double> approx = mha::nn::gelu(x, GeluApproximation::tanh);
+  for (int64_t i = 0; i < 5; ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(exact[i], v * 0.5 * std::erfc(-v / std::sqrt(2.0)), 1e-15);
+    const double t = std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v));
+    EXPECT_NEAR(approx[i], 0.5 * v * (1 + t), 1e-15);
+  }
+  EXPECT_NEAR(exact[3], 0.34573123063700656, 1e-15);   // 0.5·Φ(0.5)
+  EXPECT_NEAR(exact[1], -0.15865525393145705, 1e-15);  // −Φ(−1)
+}
+
+TEST(GELU, GradientsMatchFiniteDifferences) {
+  Generator gen(61);
+  for (auto a : {GeluApproximation::none, GeluApproximation::tanh}) {
+    GELU<double> layer(a);
+    EXPECT_TRUE(layer.parameters().empty());
+    for (int trial = 0; trial < 8; ++trial) {
+      const Tensor<double> x = random_tensor(random_shape(gen, trial % 5), gen, -4, 4);
+      const Tensor<double> g = random_tensor(x.shape(), gen);
+      GELU<double>::Cache cache;
+      layer.forward(x, &cache);
+      EXPECT_TRUE(check_gradient([&](const Tensor<double>& v) { return layer.forward(v); }, x, g,
+                                 layer.backward(g, cache)))
+          << mha::nn::gelu_approximation_name(a) << ", shape " << mha::to_string(x.shape());
+    }
+  }
+}
+
+TEST(GELU, FloatMatchesDouble) {
+  Generator gen(3);
+  const Tensor<double> x = random_tensor({50}, gen, -5, 5);
+  for (auto a : {GeluApproximation::none, GeluApproximation::tanh}) {
+    EXPECT_TRUE(all_close(mha::nn::gelu(mha::cast<float>(x), a), mha::nn::gelu(x, a), 1e-5, 1e-6));
+    EXPECT_TRUE(all_close(mha::nn::gelu_backward(mha::cast<float>(x), mha::cast<float>(x), a),
+                          mha::nn::gelu_backward(x, x, a), 1e-5, 1e-6));
+  }
+}
+
+TEST(GELU, ApproximationNames) {
+  EXPECT_EQ(GELU<float>("tanh").approximation(), GeluApproximation::tanh);
+  EXPECT_EQ(GELU<float>("none").approximation(), GeluApproximation::none);
+  EXPECT_EQ(GELU<float>().approximation(), GeluApproximation::none);
+  EXPECT_EQ(mha::nn::gelu_approximation_name(GeluApproximation::tanh), "tanh");
+  EXPECT_TRUE(throws_error([] { GELU<float>("erf"); },
+                           {"GELU: approximate: expected \"none\" or \"tanh\", got \"erf\""}));
+}
+
+TEST(Activations, BadInputsThrowTellingErrors) {
+  EXPECT_TRUE(throws_error([] { mha::nn::relu(Tensor<double>()); }, {"relu: input", "undefined"}));
+  EXPECT_TRUE(throws_error([] { mha::nn::gelu(Tensor<double>()); }, {"gelu: input", "undefined"}));
+  EXPECT_TRUE(throws_error(
+      [] {
+        mha::nn::relu_backward(Tensor<double>({2, 3}), Tensor<double>({3, 2}));
+      },
+      {"relu_backward: grad_output: expected shape [2, 3], got [3, 2]"}));
+  EXPECT_TRUE(throws_error(
+      [] {
+        mha::nn::gelu_backward(Tensor<double>({2, 3}), Tensor<double>({6}));
+      },
+      {"gelu_backward: grad_output: expected shape [2, 3], got [6]"}));
+  EXPECT_TRUE(
+      throws_error([] { mha::nn::gelu(Tensor<double>({2}), static_cast<GeluApproximation>(7)); },
+                   {"gelu: approximation", "got the value 7"}));
+  ReLU<double> relu;
+  ReLU<double>::Cache rc;
+  EXPECT_TRUE(
+      throws_error([&] { relu.backward(Tensor<double>({2}), rc); }, {"ReLU::backward: cache"}));
+  relu.forward(Tensor<double>({4}), &rc);
+  EXPECT_TRUE(throws_error([&] { relu.backward(Tensor<double>({2}), rc); },
+                           {"ReLU::backward: grad_output: expected shape [4], got [2]"}));
+  GELU<double> gelu;
+  GELU<double>::Cache gc;
+  EXPECT_TRUE(
+      throws_error([&] { gelu.backward(Tensor<double>({2}), gc); }, {"GELU::backward: cache"}));
+  gelu.forward(Tensor<double>({4}), &gc);
+  EXPECT_TRUE(throws_error([&] { gelu.backward(Tensor<double>({2}), gc); },
+                           {"GELU::backward: grad_output: expected shape [4], got [2]"}));
+}
+
+}  // namespace
