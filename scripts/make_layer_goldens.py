@@ -31,14 +31,12 @@ files.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import struct
 import zlib
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from make_goldens import save_canonical  # same file canonicalisation as the attention goldens
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens", "layers")
@@ -54,24 +52,6 @@ def case_generator(layer: str, case: str) -> torch.Generator:
 def randn(g, *shape, scale=1.0, offset=0.0):
     """float32 values (so float32 and float64 runs see the same numbers)."""
     return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale + offset).to(torch.float32)
-
-
-def save_canonical(tensors: dict, path: str, metadata: dict) -> None:
-    """save_file, then rewrite the header with the metadata keys sorted (safetensors writes the
-    metadata map in hash order, which changes between runs)."""
-    for k, v in metadata.items():
-        assert isinstance(k, str) and isinstance(v, str) and v.isascii(), (k, v)
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    save_file(tensors, path, metadata=metadata)
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    assert len(text) <= n
-    with open(path, "wb") as f:
-        f.write(blob[:8] + text + b" " * (n - len(text)) + blob[8 + n:])
 
 
 def run(forward, leaves: dict, grad_output: torch.Tensor, dtype) -> dict:

@@ -13,11 +13,14 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/assertions.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 namespace st = mha::safetensors;
 using st::DType;
+using mha::testing::error_of;
 
 // The committed fixture lives next to this file; the build only tells us where the goldens are.
 const fs::path kPythonFixture =
@@ -60,15 +63,6 @@ void read_everything(const std::vector<std::byte>& bytes) {
   for (const auto& [name, tensor] : file.tensors) (void)st::to_tensor<double>(tensor, name);
 }
 
-template <class Action>
-std::string error_of(Action action) {
-  try {
-    action();
-  } catch (const mha::Error& e) {
-    return e.what();
-  }
-  return "<no mha::Error thrown>";
-}
 
 #define EXPECT_ERROR_CONTAINS(statement, substring)                                 \
   do {                                                                              \

@@ -7,22 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "../support/assertions.h"
+
 namespace {
+
+using mha::testing::error_of;
 
 template <class T>
 std::vector<T> values_of(const mha::Tensor<T>& tensor) {
   return {tensor.values().begin(), tensor.values().end()};
 }
 
-template <class Action>
-std::string error_of(Action action) {
-  try {
-    action();
-  } catch (const mha::Error& e) {
-    return e.what();
-  }
-  return "<no mha::Error thrown>";
-}
 
 TEST(Tensor, ConstructionAndAccess) {
   const mha::FloatTensor filled({2, 3}, 1.5f);

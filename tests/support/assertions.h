@@ -30,6 +30,17 @@ template <class F>
   return ::testing::AssertionFailure() << "did not throw";
 }
 
+// The message of the mha::Error that action() throws, or "<no mha::Error thrown>".
+template <class Action>
+std::string error_of(Action action) {
+  try {
+    action();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no mha::Error thrown>";
+}
+
 // Shorthand for the common case: one expected fragment of the message.
 template <class F>
 void expect_error(F&& f, const std::string& fragment) {
