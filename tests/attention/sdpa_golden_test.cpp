@@ -58,7 +58,7 @@ TEST_P(SdpaGolden, MatchesPyTorch) {
   const std::string name = dir.filename().string();
   const double worst32 = testing::expect_matches_golden(run_case<float>(inputs), expected, torch32, name + " float32");
   const double worst64 = testing::expect_matches_golden(run_case<double>(inputs), expected, torch32, name + " float64", 1e-10);
-  std::cout << "[golden] sdpa " << name << " worst relative error float32 " << worst32 << ", float64 " << worst64 << "\n";
+  std::cout << "[golden] sdpa " << name << " largest fraction of the allowed error: float32 " << worst32 << ", float64 " << worst64 << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, SdpaGolden, ::testing::ValuesIn(testing::golden_cases("sdpa")),

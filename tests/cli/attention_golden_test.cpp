@@ -36,7 +36,7 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
     const double worst = testing::expect_matches_golden(safetensors::load(out), expected, torch32,
                                                         dir.filename().string() + " " + dtype,
                                                         std::string(dtype) == "float64" ? 1e-10 : 0.0);
-    std::cout << "[golden] " << dir.filename().string() << " " << dtype << " worst relative error " << worst << "\n";
+    std::cout << "[golden] " << dir.filename().string() << " " << dtype << " largest fraction of the allowed error " << worst << "\n";
   }
   fs::remove(out);
 }
