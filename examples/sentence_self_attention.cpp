@@ -14,6 +14,7 @@
 
 #include "mha/nn/embedding.h"
 #include "mha/nn/multihead_attention.h"
+#include "support/example_files.h"
 
 namespace {
 
@@ -24,7 +25,8 @@ constexpr int64_t kMaxLen = 10, kEmbedDim = 512, kNumHeads = 8, kVocabSize = 6;
 
 // Word → id; unknown words → 0, which is also the padding id.
 std::vector<int64_t> tokenize(const std::string& sentence) {
-  const std::map<std::string, int64_t> vocabulary{{"this", 1}, {"is", 2}, {"an", 3}, {"example", 4}, {"sentence", 5}};
+  const std::map<std::string, int64_t> vocabulary{
+      {"this", 1}, {"is", 2}, {"an", 3}, {"example", 4}, {"sentence", 5}};
   std::vector<int64_t> ids;
   std::istringstream words(sentence);
   for (std::string w; words >> w;) {
@@ -35,7 +37,26 @@ std::vector<int64_t> tokenize(const std::string& sentence) {
   return ids;
 }
 
-void print_shape(const char* stage, const Shape& shape) { std::printf("  %-38s %s\n", stage, mha::to_string(shape).c_str()); }
+// The tutorial's model: an embedding table and one multi-head self-attention layer.
+// Parameter names as a PyTorch module with children `embedding` and `attention` would have.
+struct SentenceModel : mha::nn::Module<float> {
+  mha::Generator gen{0};
+  mha::nn::Embedding<float> embedding{kVocabSize, kEmbedDim, /*padding_idx=*/0, gen};
+  mha::nn::MultiheadAttention<float> attention;
+
+  explicit SentenceModel(const mha::nn::MultiheadAttentionOptions& options)
+      : attention(options, /*seed=*/1) {}
+  std::vector<mha::nn::Parameter<float>> parameters() override {
+    std::vector<mha::nn::Parameter<float>> out;
+    append_prefixed(out, embedding.parameters(), "embedding");
+    append_prefixed(out, attention.parameters(), "attention");
+    return out;
+  }
+};
+
+void print_shape(const char* stage, const Shape& shape) {
+  std::printf("  %-38s %s\n", stage, mha::to_string(shape).c_str());
+}
 
 // softmax(q kᵀ / sqrt(d) + mask) v for every head, in double, straight from the state dict:
 // the formula the module must reproduce. x (L, E) is one sequence; returns (L, E).
@@ -44,7 +65,8 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
   const int64_t L = kMaxLen, E = kEmbedDim, H = kNumHeads, d = E / H;
   const Tensor<float>& w_in = state.at("in_proj_weight");  // rows: q, then k, then v
   const Tensor<float>& b_in = state.at("in_proj_bias");
-  auto linear = [&](const std::vector<double>& in, const Tensor<float>& w, const Tensor<float>& b, int64_t row0) {
+  auto linear = [&](const std::vector<double>& in, const Tensor<float>& w, const Tensor<float>& b,
+                    int64_t row0) {
     std::vector<double> out(static_cast<size_t>(L * E));
     for (int64_t t = 0; t < L; ++t)
       for (int64_t o = 0; o < E; ++o) {
@@ -55,7 +77,8 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
     return out;
   };
   std::vector<double> input(x.values().begin(), x.values().end());
-  const auto q = linear(input, w_in, b_in, 0), k = linear(input, w_in, b_in, E), v = linear(input, w_in, b_in, 2 * E);
+  const auto q = linear(input, w_in, b_in, 0), k = linear(input, w_in, b_in, E),
+             v = linear(input, w_in, b_in, 2 * E);
   std::vector<double> heads_out(static_cast<size_t>(L * E));
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < L; ++i) {
@@ -63,86 +86,104 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
       double max = -std::numeric_limits<double>::infinity(), sum = 0;
       for (int64_t j = 0; j < L; ++j) {
         double s = 0;
-        for (int64_t c = 0; c < d; ++c) s += q[static_cast<size_t>(i * E + h * d + c)] * k[static_cast<size_t>(j * E + h * d + c)];
-        p[static_cast<size_t>(j)] = is_padding[static_cast<size_t>(j)] ? -std::numeric_limits<double>::infinity() : s / std::sqrt(double(d));
+        for (int64_t c = 0; c < d; ++c)
+          s += q[static_cast<size_t>(i * E + h * d + c)] * k[static_cast<size_t>(j * E + h * d + c)];
+        p[static_cast<size_t>(j)] = is_padding[static_cast<size_t>(j)]
+                                        ? -std::numeric_limits<double>::infinity()
+                                        : s / std::sqrt(double(d));
         max = std::max(max, p[static_cast<size_t>(j)]);
       }
       for (auto& s : p) sum += (s = std::exp(s - max));
       for (int64_t j = 0; j < L; ++j)
         for (int64_t c = 0; c < d; ++c)
-          heads_out[static_cast<size_t>(i * E + h * d + c)] += p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * E + h * d + c)];
+          heads_out[static_cast<size_t>(i * E + h * d + c)] +=
+              p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * E + h * d + c)];
     }
   return linear(heads_out, state.at("out_proj.weight"), state.at("out_proj.bias"), 0);
 }
 
 }  // namespace
 
-int main() {
-  const std::string sentence = "this is an example sentence";
-  std::printf("Sentence self-attention: \"%s\"\n\n", sentence.c_str());
+int main(int argc, char** argv) {
+  mha::examples::ExampleFiles files;
+  int exit_code = 0;
+  if (!files.parse(argc, argv,
+                   "The first tutorial's sentence through an embedding and 8-head self-attention.",
+                   exit_code))
+    return exit_code;
+  return mha::examples::run_example([&] {
+    const std::string sentence = "this is an example sentence";
+    std::printf("Sentence self-attention: \"%s\"\n\n", sentence.c_str());
 
-  // 1. Tokenize and pad to kMaxLen with id 0.
-  std::vector<int64_t> ids = tokenize(sentence);
-  const auto words = static_cast<int64_t>(ids.size());
-  ids.resize(kMaxLen, 0);
-  std::printf("  token ids: ");
-  for (int64_t id : ids) std::printf("%lld ", static_cast<long long>(id));
-  std::printf("(%lld words, %lld padding)\n", static_cast<long long>(words), static_cast<long long>(kMaxLen - words));
-  Tensor<int64_t> tokens({1, kMaxLen}, std::span<const int64_t>(ids));
+    // 1. Tokenize and pad to kMaxLen with id 0.
+    std::vector<int64_t> ids = tokenize(sentence);
+    const auto words = static_cast<int64_t>(ids.size());
+    ids.resize(kMaxLen, 0);
+    std::printf("  token ids: ");
+    for (int64_t id : ids) std::printf("%lld ", static_cast<long long>(id));
+    std::printf("(%lld words, %lld padding)\n", static_cast<long long>(words),
+                static_cast<long long>(kMaxLen - words));
+    Tensor<int64_t> tokens({1, kMaxLen}, std::span<const int64_t>(ids));
 
-  // 2. Embed: (1, L) → (1, L, E). Id 0 is padding, so its embedding row is zero and untrained.
-  mha::Generator gen(0);
-  mha::nn::Embedding<float> embedding(kVocabSize, kEmbedDim, /*padding_idx=*/0, gen);
-  const Tensor<float> x = embedding.forward(tokens);
-  print_shape("encoded sentence (N, L)", tokens.shape());
-  print_shape("embedded sentence (N, L, E)", x.shape());
+    // 2. The model: self-attention batch_first like the tutorial's input.
+    mha::nn::MultiheadAttentionOptions options;
+    options.embed_dim = kEmbedDim;
+    options.num_heads = kNumHeads;
+    options.batch_first = true;
+    SentenceModel model(options);
+    files.load_weights(model);
+    model.eval();
+    mha::nn::MultiheadAttention<float>& attention = model.attention;
 
-  // 3. Self-attention, batch_first like the tutorial's input, with the padding masked.
-  mha::nn::MultiheadAttentionOptions options;
-  options.embed_dim = kEmbedDim;
-  options.num_heads = kNumHeads;
-  options.batch_first = true;
-  mha::nn::MultiheadAttention<float> attention(options, /*seed=*/1);
-  attention.eval();
-  Tensor<bool> is_padding({1, kMaxLen});
-  for (int64_t j = words; j < kMaxLen; ++j) is_padding[j] = true;
-  mha::nn::MultiheadAttentionArgs<float> args;
-  args.key_padding_mask = is_padding;
-  args.average_attn_weights = false;  // per-head weights (N, H, L, S)
-  const int64_t head_dim = kEmbedDim / kNumHeads;
-  print_shape("q, k, v after projection (N, L, E)", {1, kMaxLen, kEmbedDim});
-  print_shape("split into heads (N, H, L, head_dim)", {1, kNumHeads, kMaxLen, head_dim});
-  const auto result = attention.forward(x, x, x, args);
-  const Tensor<float>& weights = *result.attn_weights;
-  print_shape("scores, weights (N, H, L, S)", weights.shape());
-  print_shape("heads merged, out_proj (N, L, E)", result.output.shape());
+    // 3. Embed: (1, L) → (1, L, E). Id 0 is padding, so its embedding row is zero and untrained.
+    const Tensor<float> x = model.embedding.forward(tokens);
+    print_shape("encoded sentence (N, L)", tokens.shape());
+    print_shape("embedded sentence (N, L, E)", x.shape());
 
-  // 4. One head's weights: rows are queries, columns keys; padding columns are 0.
-  const int64_t head = 0;
-  std::printf("\nAttention weights of head %lld (scale 1/sqrt(head_dim) = 1/sqrt(%lld)):\n       ",
-              static_cast<long long>(head), static_cast<long long>(head_dim));
-  for (int64_t j = 0; j < kMaxLen; ++j) std::printf("  key%-2lld", static_cast<long long>(j));
-  std::printf("\n");
-  for (int64_t i = 0; i < kMaxLen; ++i) {
-    std::printf("  q%-3lld", static_cast<long long>(i));
-    for (int64_t j = 0; j < kMaxLen; ++j) std::printf(" %6.3f", weights[(head * kMaxLen + i) * kMaxLen + j]);
+    // 4. Attention with the padding masked out of the keys.
+    Tensor<bool> is_padding({1, kMaxLen});
+    for (int64_t j = words; j < kMaxLen; ++j) is_padding[j] = true;
+    mha::nn::MultiheadAttentionArgs<float> args;
+    args.key_padding_mask = is_padding;
+    args.average_attn_weights = false;  // per-head weights (N, H, L, S)
+    const int64_t head_dim = kEmbedDim / kNumHeads;
+    print_shape("q, k, v after projection (N, L, E)", {1, kMaxLen, kEmbedDim});
+    print_shape("split into heads (N, H, L, head_dim)", {1, kNumHeads, kMaxLen, head_dim});
+    const auto result = attention.forward(x, x, x, args);
+    const Tensor<float>& weights = *result.attn_weights;
+    print_shape("scores, weights (N, H, L, S)", weights.shape());
+    print_shape("heads merged, out_proj (N, L, E)", result.output.shape());
+
+    // 5. One head's weights: rows are queries, columns keys; padding columns are 0.
+    const int64_t head = 0;
+    std::printf("\nAttention weights of head %lld (scale 1/sqrt(head_dim) = 1/sqrt(%lld)):\n       ",
+                static_cast<long long>(head), static_cast<long long>(head_dim));
+    for (int64_t j = 0; j < kMaxLen; ++j) std::printf("  key%-2lld", static_cast<long long>(j));
     std::printf("\n");
-  }
+    for (int64_t i = 0; i < kMaxLen; ++i) {
+      std::printf("  q%-3lld", static_cast<long long>(i));
+      for (int64_t j = 0; j < kMaxLen; ++j)
+        std::printf(" %6.3f", weights[(head * kMaxLen + i) * kMaxLen + j]);
+      std::printf("\n");
+    }
 
-  // 5. The module against the plain formula on the same input and weights.
-  auto state = attention.state_dict();
-  std::vector<bool> padding(static_cast<size_t>(kMaxLen));
-  for (int64_t j = 0; j < kMaxLen; ++j) padding[static_cast<size_t>(j)] = is_padding[j];
-  const std::vector<double> expected = plain_attention(x.reshape({kMaxLen, kEmbedDim}), padding, state);
-  double max_error = 0, max_value = 0;
-  for (int64_t i = 0; i < result.output.numel(); ++i) {
-    max_error = std::max(max_error, std::abs(result.output[i] - expected[static_cast<size_t>(i)]));
-    max_value = std::max(max_value, std::abs(expected[static_cast<size_t>(i)]));
-  }
-  // float32 module vs double formula: a sum of 512 products per projection, so a few float
-  // epsilons times the magnitude is the honest expectation.
-  const bool ok = max_error <= 1e-5 * std::max(1.0, max_value);
-  std::printf("\nCheck against the plain formula (double): max |module - formula| = %.3g (max |output| %.3g): %s\n",
-              max_error, max_value, ok ? "OK" : "MISMATCH");
-  return ok ? 0 : 1;
+    // 6. The module against the plain formula on the same input and weights.
+    files.save({{"embedded", x}, {"output", result.output}, {"attn_weights", weights}});
+    auto state = attention.state_dict();
+    std::vector<bool> padding(static_cast<size_t>(kMaxLen));
+    for (int64_t j = 0; j < kMaxLen; ++j) padding[static_cast<size_t>(j)] = is_padding[j];
+    const std::vector<double> expected = plain_attention(x.reshape({kMaxLen, kEmbedDim}), padding, state);
+    double max_error = 0, max_value = 0;
+    for (int64_t i = 0; i < result.output.numel(); ++i) {
+      max_error = std::max(max_error, std::abs(result.output[i] - expected[static_cast<size_t>(i)]));
+      max_value = std::max(max_value, std::abs(expected[static_cast<size_t>(i)]));
+    }
+    // float32 module vs double formula: a sum of 512 products per projection, so a few float
+    // epsilons times the magnitude is the honest expectation.
+    const bool ok = max_error <= 1e-5 * std::max(1.0, max_value);
+    std::printf(
+        "\nCheck against the plain formula (double): max |module - formula| = %.3g (max |output| %.3g): %s\n",
+        max_error, max_value, ok ? "OK" : "MISMATCH");
+    return ok ? 0 : 1;
+  });
 }

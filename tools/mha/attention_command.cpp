@@ -8,6 +8,7 @@
 
 #include "mha/core/safetensors.h"
 #include "mha/nn/multihead_attention.h"
+#include "mha/nn/serialization.h"
 
 namespace mha::tools {
 namespace {
@@ -65,12 +66,7 @@ void run(const AttentionArgs& args) {
   nn::MultiheadAttention<T> module(options, args.seed);
   module.train(args.train);
 
-  if (!args.weights_path.empty()) {
-    nn::StateDict<T> state;
-    for (const auto& [name, data] : st::load(args.weights_path).tensors)
-      state.emplace(name, st::to_tensor<T>(data, args.weights_path + ": " + name));
-    module.load_state_dict(state);
-  }
+  if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
 
   const st::File inputs = st::load(args.inputs_path);
   const Tensor<T> query = st::to_tensor<T>(st::require(inputs, "query", args.inputs_path), "query");

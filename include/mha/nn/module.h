@@ -73,7 +73,8 @@ class Module {
   }
 
  protected:
-  // Prefix child parameter names ("weight" -> "out_proj.weight").
+  // For composite modules: a child's parameters under "<prefix>.<name>" (PyTorch's naming of
+  // submodule parameters), e.g. "weight" of child "out_proj" -> "out_proj.weight".
   static void append_prefixed(std::vector<Parameter<T>>& out, std::vector<Parameter<T>> child,
                               const std::string& prefix) {
     for (auto& p : child) out.push_back({prefix + "." + p.name, p.value, p.grad});

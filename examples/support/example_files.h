@@ -1,0 +1,75 @@
+#pragma once
+// Every example can run on weights and inputs from files and write what it computed, so a test
+// can compare it with the same scenario run by PyTorch (tests/goldens/examples):
+//
+//   <example> [--weights W.safetensors] [--inputs I.safetensors] [--output O.safetensors]
+//
+// Without --weights the example initialises itself from its seed; without --inputs it makes its
+// own inputs; without --output it only prints.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "mha/core/error.h"
+#include "mha/core/safetensors.h"
+#include "mha/nn/serialization.h"
+
+namespace mha::examples {
+
+struct ExampleFiles {
+  std::string weights, inputs, output;
+
+  // Parses the three options; returns false when the program should exit (help or bad flag)
+  // with `exit_code` set.
+  bool parse(int argc, char** argv, const std::string& description, int& exit_code) {
+    CLI::App app{description};
+    app.add_option("--weights", weights, "load the model's state dict (PyTorch names) from this file")
+        ->check(CLI::ExistingFile);
+    app.add_option("--inputs", inputs, "take the inputs from this file")->check(CLI::ExistingFile);
+    app.add_option("--output", output, "write the results to this file");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      exit_code = app.exit(e);
+      return false;
+    }
+    return true;
+  }
+
+  // Loads --weights into `module` when given (strict: names and shapes must match).
+  template <class Module>
+  void load_weights(Module& module) const {
+    if (!weights.empty()) module.load_state_dict(nn::load_state_dict_file<float>(weights));
+  }
+
+  // The named input from --inputs, or `fallback` when no inputs file was given.
+  template <class T>
+  Tensor<T> input(const std::string& name, Tensor<T> fallback) const {
+    if (inputs.empty()) return fallback;
+    return safetensors::to_tensor<T>(safetensors::require(safetensors::load(inputs), name, inputs), name);
+  }
+
+  // Writes `results` to --output when given.
+  void save(const std::map<std::string, Tensor<float>>& results) const {
+    if (output.empty()) return;
+    safetensors::File file;
+    for (const auto& [name, tensor] : results) file.tensors.emplace(name, safetensors::from_tensor(tensor));
+    safetensors::save(file, output);
+    std::printf("results written to %s\n", output.c_str());
+  }
+};
+
+// Runs body() and turns an mha::Error into a one-line message and exit code 1.
+template <class Body>
+int run_example(Body body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace mha::examples
