@@ -7,12 +7,14 @@
 #include <string>
 
 #include "attention_command.h"
+#include "heatmap_command.h"
 #include "mha/core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention, faithful to PyTorch, forward and backward."};
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
+  mha::tools::add_heatmap_command(app);
   app.footer(std::string("\n`mha attention --help` lists every flag.\n") + mha::tools::attention_contract());
   try {
     app.parse(argc, argv);

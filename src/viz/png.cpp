@@ -1,0 +1,103 @@
+// write_png and read_png: the only place mha talks to libpng.
+//
+// libpng reports errors by calling an error function that must not return; the classic API
+// needs setjmp/longjmp for that, which skips C++ destructors. libpng's simplified API
+// (png_image_*) does the setjmp itself and comes back with a return code and a message, so no
+// libpng error can abort the process or unwind through C++ frames.
+#include <png.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "mha/core/error.h"
+#include "mha/viz/heatmap.h"
+
+namespace mha::viz {
+namespace {
+
+void check_image(const Image& image) {
+  check(image.width >= 1 && image.width <= kMaxImageSide && image.height >= 1 && image.height <= kMaxImageSide,
+        "write_png: image: expected width and height in 1..", kMaxImageSide, ", got ", image.width, " x ",
+        image.height);
+  const size_t expected = static_cast<size_t>(image.width) * static_cast<size_t>(image.height) * 3;
+  check(image.rgb.size() == expected, "write_png: image.rgb: expected width * height * 3 = ", expected,
+        " bytes, got ", image.rgb.size());
+}
+
+// Encodes into an open FILE; throws on a libpng or stdio error (the caller closes the FILE).
+void encode(std::FILE* file, const Image& image, const std::string& path) {
+  png_image png{};
+  png.version = PNG_IMAGE_VERSION;
+  png.width = static_cast<png_uint_32>(image.width);
+  png.height = static_cast<png_uint_32>(image.height);
+  png.format = PNG_FORMAT_RGB;
+  const int ok = png_image_write_to_stdio(&png, file, /*convert_to_8_bit=*/0, image.rgb.data(),
+                                          /*row_stride=*/image.width * 3, /*colormap=*/nullptr);
+  const std::string message = png.message;  // copied before png_image_free clears the struct
+  png_image_free(&png);
+  check(ok != 0, "write_png: cannot write '", path, "': libpng: ", message);
+}
+
+}  // namespace
+
+void write_png(const std::string& path, const Image& image) {
+  // Validate first: a bad image must not touch the disk at all.
+  check_image(image);
+  static std::atomic<uint64_t> counter{0};
+  const std::string temporary =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  std::FILE* file = std::fopen(temporary.c_str(), "wb");
+  check(file != nullptr, "write_png: cannot write '", path, "': cannot create '", temporary, "': ",
+        std::strerror(errno));
+  try {
+    try {
+      encode(file, image, path);
+    } catch (...) {
+      std::fclose(file);
+      throw;
+    }
+    // fclose flushes: a full disk may only show up here.
+    check(std::fclose(file) == 0, "write_png: cannot write '", path, "': writing '", temporary,
+          "' failed: ", std::strerror(errno));
+    std::error_code error;
+    std::filesystem::rename(temporary, path, error);
+    check(!error, "write_png: cannot write '", path, "': renaming '", temporary, "' failed: ", error.message());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
+  }
+}
+
+Image read_png(const std::string& path) {
+  png_image png{};
+  png.version = PNG_IMAGE_VERSION;
+  check(png_image_begin_read_from_file(&png, path.c_str()) != 0, "read_png: cannot read '", path,
+        "': libpng: ", png.message);
+  // From here on, every exit must free the png_image (it owns the open FILE).
+  if (png.width < 1 || png.width > kMaxImageSide || png.height < 1 || png.height > kMaxImageSide) {
+    const std::string message = detail::concat("read_png: '", path, "': expected width and height in 1..",
+                                               kMaxImageSide, ", got ", png.width, " x ", png.height);
+    png_image_free(&png);
+    throw Error(message);
+  }
+  png.format = PNG_FORMAT_RGB;
+  Image image;
+  image.width = static_cast<int>(png.width);
+  image.height = static_cast<int>(png.height);
+  image.rgb.resize(PNG_IMAGE_SIZE(png));
+  const png_color white = {255, 255, 255};
+  const int ok = png_image_finish_read(&png, &white, image.rgb.data(), /*row_stride=*/0, /*colormap=*/nullptr);
+  const std::string message = png.message;
+  png_image_free(&png);  // finish_read frees on success too; a second free is harmless
+  check(ok != 0, "read_png: cannot read '", path, "': libpng: ", message);
+  return image;
+}
+
+}  // namespace mha::viz
