@@ -17,19 +17,19 @@ void check_rank4(const Shape& shape, const char* name, const char* layout) {
   check(shape.size() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(shape));
 }
 
-// A mask of rank 2..4 whose dimensions, aligned on the right, are 1 or the full size.
+// A mask of rank 1..4 whose dimensions, aligned on the right, are 1 or the full size.
 template <class M>
 BroadcastView<M> broadcast_view(const Tensor<M>* mask, const Problem& p, const char* name) {
   BroadcastView<M> view;
   if (!mask) return view;
   const Shape full{p.batch, p.query_heads, p.query_len, p.key_len};
   const Shape& s = mask->shape();
-  bool ok = s.size() >= 2 && s.size() <= 4;
+  bool ok = !s.empty() && s.size() <= 4;
   for (size_t i = 0; ok && i < s.size(); ++i) {
     const int64_t want = full[4 - s.size() + i];
     ok = s[i] == want || s[i] == 1;
   }
-  check(ok, name, ": expected a 2-D to 4-D shape broadcastable to (B, Hq, L, S) = ", to_string(full),
+  check(ok, name, ": expected a 1-D to 4-D shape broadcastable to (B, Hq, L, S) = ", to_string(full),
         ", got ", to_string(s));
   // Strides of the mask as stored, 0 where it broadcasts.
   int64_t stride[4] = {0, 0, 0, 0};

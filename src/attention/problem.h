@@ -57,7 +57,9 @@ struct Masks {
     const bool* keep = attend.present() ? attend.row(b, h, i) : nullptr;
     for (int64_t j = 0; j < p.key_len; ++j) {
       T v = add ? add[j * additive.stride_j] : T(0);
-      if (j >= visible || (keep && !keep[j * attend.stride_j])) v = neg_inf;
+      // Blocking ADDS −inf, as PyTorch adds a bool mask turned into −inf: a +inf or NaN in the
+      // float mask then gives NaN there, exactly as in PyTorch.
+      if (j >= visible || (keep && !keep[j * attend.stride_j])) v += neg_inf;
       scores[j] = v;
     }
   }

@@ -34,6 +34,30 @@ void score_row(const Problem& p, const Masks<T>& masks, const T* q, const T* k_h
     scores[j] += scale * dot(q, k_head + j * p.qk_head_dim, p.qk_head_dim);
 }
 
+// Turns the scores of one row into probabilities in place and returns log Σ exp(scores).
+// A row whose scores are all −inf may attend to nothing: it gets probabilities 0 and returns
+// −inf. A NaN anywhere makes the whole row NaN, as in PyTorch (NaN must not pass for "masked").
+template <class T>
+T softmax_row(T* scores, int64_t n) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  T max_score = neg_inf;
+  // Once max_score is NaN no comparison replaces it, so a NaN sticks.
+  for (int64_t j = 0; j < n; ++j)
+    if (std::isnan(scores[j]) || max_score < scores[j]) max_score = scores[j];
+  if (max_score == neg_inf) {
+    std::fill_n(scores, n, T(0));
+    return neg_inf;
+  }
+  // Subtracting the maximum keeps every exp ≤ 1, so nothing overflows. The normaliser is summed
+  // in double so that Σ_j P_j = 1 to rounding of the P_j themselves: backward relies on it
+  // (Σ_j dS_ij = D_i (1 − Σ_j P_ij) must vanish), and a sequential float sum over S keys would be
+  // off by ~S·eps — the largest error in gradients that are zero in exact arithmetic.
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
+  for (int64_t j = 0; j < n; ++j) scores[j] = static_cast<T>(scores[j] / sum);
+  return max_score + static_cast<T>(std::log(sum));
+}
+
 // The dropout multiplier of probability (bh, i, j): 0 if dropped, 1/(1 − p) if kept.
 inline double dropout_factor(const Problem& p, int64_t bh, int64_t i, int64_t j) {
   if (p.dropout_p == 0.0) return 1.0;
@@ -67,25 +91,13 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
         T* weights = need_weights ? head_row(r.weights->data(), Hq, L, S, b, h, i) : nullptr;
         T& lse = r.logsumexp[(b * Hq + h) * L + i];
 
-        // Pass 1: scores and their maximum.
+        // Pass 1: scores; pass 2: softmax (a row that may attend to nothing stays 0).
         score_row(p, masks, q, k_head, b, h, i, scores.data());
-        T max_score = neg_inf;
-        for (int64_t j = 0; j < S; ++j) max_score = std::max(max_score, scores[j]);
-        // A row that may attend to nothing: output 0 (already), weights 0, logsumexp −inf.
-        if (max_score == neg_inf) {
-          lse = neg_inf;
-          continue;
-        }
-        // Pass 2: softmax with the maximum subtracted, so exp never overflows.
-        T sum = 0;
-        for (int64_t j = 0; j < S; ++j) {
-          scores[j] = std::exp(scores[j] - max_score);
-          sum += scores[j];
-        }
-        lse = max_score + std::log(sum);
+        lse = softmax_row(scores.data(), S);
+        if (lse == neg_inf) continue;
         // Pass 3: dropout on the probabilities, then the weighted sum of values.
         for (int64_t j = 0; j < S; ++j) {
-          const T prob = scores[j] / sum * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
+          const T prob = scores[j] * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           if (weights) weights[j] = prob;
           const T* v = v_head + j * Dv;
           for (int64_t d = 0; d < Dv; ++d) out[d] += prob * v[d];
@@ -98,20 +110,26 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
 
 template <class T>
 Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
-                                const Tensor<T>& key, const Tensor<T>& value, const Tensor<T>& output,
-                                const Tensor<T>& logsumexp, const Tensor<T>& grad_output) {
+                                const Tensor<T>& key, const Tensor<T>& value,
+                                const Tensor<T>& /*output: see below*/, const Tensor<T>& /*logsumexp: see below*/,
+                                const Tensor<T>& grad_output) {
   // With P = softmax(scores), Pd = dropout(P), O = Pd·V and upstream dO:
   //   dV_j  += Σ_i Pd_ij dO_i
   //   dPd_ij = dO_i · v_j,   dP_ij = dPd_ij · (dropout factor of ij)
-  //   dS_ij  = P_ij (dP_ij − D_i)  with D_i = Σ_j P_ij dP_ij = dO_i · O_i
+  //   dS_ij  = P_ij (dP_ij − D_i)  with D_i = Σ_j P_ij dP_ij  (= dO_i · O_i in exact arithmetic)
   //   dQ_i  += scale Σ_j dS_ij k_j,   dK_j += scale Σ_i dS_ij q_i
-  // P is recomputed from the stored logsumexp: P_ij = exp(s_ij − lse_i).
+  // The reference recomputes P with the same softmax as the forward rather than as
+  // exp(s − lse): when a row's scores are huge (a finite mask fill such as −1e9), lse = m + log l
+  // rounds to m and exp(s − lse) would be up to S times too large. It takes D_i from that same P
+  // (as PyTorch's softmax backward does) rather than from the stored output: then Σ_j dS_ij
+  // cancels to rounding, where dO·O carries the forward's rounding into every dS_ij and so into
+  // gradients that are exactly zero in exact arithmetic (e.g. a key bias, which softmax ignores).
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
   Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
-  std::vector<T> prob(static_cast<size_t>(S));
+  std::vector<T> prob(static_cast<size_t>(S)), dprob(static_cast<size_t>(S));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
@@ -121,23 +139,27 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
       T* dk_head = head_row(g.grad_key.data(), Hkv, S, Dqk, b, kvh, 0);
       T* dv_head = head_row(g.grad_value.data(), Hkv, S, Dv, b, kvh, 0);
       for (int64_t i = 0; i < L; ++i) {
-        const T lse = logsumexp[(b * Hq + h) * L + i];
-        if (lse == neg_inf) continue;  // fully masked row: P = 0, so every gradient term is 0
         const T* q = head_row(query.data(), Hq, L, Dqk, b, h, i);
-        const T* o = head_row(output.data(), Hq, L, Dv, b, h, i);
         const T* dout = head_row(grad_output.data(), Hq, L, Dv, b, h, i);
         T* dq = head_row(g.grad_query.data(), Hq, L, Dqk, b, h, i);
 
         score_row(p, masks, q, k_head, b, h, i, prob.data());
-        for (int64_t j = 0; j < S; ++j) prob[j] = std::exp(prob[j] - lse);
-        const T row_dot = dot(dout, o, Dv);  // D_i
+        if (softmax_row(prob.data(), S) == neg_inf) continue;  // masked row: every gradient term is 0
+        // dP_ij and D_i; then dV, dS, dQ, dK. Keys with P = 0 (masked or underflowed) add nothing.
+        // D_i is summed in double: dS_ij = P_ij (dP_ij − D_i) cancels, and a sequential float
+        // sum's rounding in D_i would reach every dS_ij of the row.
+        double row_dot = 0;
         for (int64_t j = 0; j < S; ++j) {
-          if (prob[j] == T(0)) continue;  // masked or underflowed: contributes nothing
+          if (prob[j] == T(0)) continue;
+          dprob[j] = dot(dout, v_head + j * Dv, Dv) * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
+          row_dot += prob[j] * dprob[j];
+        }
+        for (int64_t j = 0; j < S; ++j) {
+          if (prob[j] == T(0)) continue;
           const T factor = static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
-          const T* v = v_head + j * Dv;
           T* dv = dv_head + j * Dv;
           for (int64_t d = 0; d < Dv; ++d) dv[d] += prob[j] * factor * dout[d];
-          const T dscore = prob[j] * (dot(dout, v, Dv) * factor - row_dot);
+          const T dscore = static_cast<T>(prob[j] * (dprob[j] - row_dot));
           const T* k = k_head + j * Dqk;
           T* dk = dk_head + j * Dqk;
           for (int64_t d = 0; d < Dqk; ++d) {

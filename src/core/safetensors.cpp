@@ -1,5 +1,7 @@
 #include "mha/core/safetensors.h"
 
+#include "mha/core/atomic_file.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -521,26 +523,10 @@ std::vector<std::byte> serialize(const File& file) {
 void save(const File& file, const std::string& path) {
   // Serialise first: an invalid File must not touch the disk at all.
   const std::vector<std::byte> image = serialize(file);
-  static std::atomic<uint64_t> counter{0};
-  const std::string temporary =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  try {
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      check(out.is_open(), "safetensors: cannot save '", path, "': cannot create '", temporary, "': ",
-            std::strerror(errno));
-      out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
-      out.close();
-      check(!out.fail(), "safetensors: cannot save '", path, "': writing '", temporary, "' failed");
-    }
-    std::error_code error;
-    fs::rename(temporary, path, error);
-    check(!error, "safetensors: cannot save '", path, "': renaming '", temporary, "' failed: ", error.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw;
-  }
+  write_file_atomically(path, "safetensors", [&](std::FILE* out) {
+    check(std::fwrite(image.data(), 1, image.size(), out) == image.size(), "safetensors: cannot write '", path,
+          "': ", std::strerror(errno));
+  });
 }
 
 template <class T>

@@ -1,5 +1,6 @@
 #include "mha/core/tensor.h"
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
@@ -14,10 +15,12 @@ std::string to_string(const Shape& shape) {
 }
 
 int64_t checked_numel(const Shape& shape, const std::string& what) {
+  for (int64_t d : shape) check(d >= 0, what, ": dimensions must be >= 0, got ", to_string(shape));
+  // A zero anywhere makes the product 0 whatever the other dimensions are.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) {
-    check(d >= 0, what, ": dimensions must be >= 0, got ", to_string(shape));
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+    if (n > std::numeric_limits<int64_t>::max() / d)
       throw Error(what + ": number of elements overflows 64 bits for shape " + to_string(shape));
     n *= d;
   }
@@ -86,7 +89,38 @@ Tensor<T> squeeze(const Tensor<T>& in, int64_t axis) {
   return in.reshape(s);
 }
 
+template <class T>
+Tensor<T> expand(const Tensor<T>& in, const Shape& shape) {
+  const Shape& from = in.shape();
+  bool ok = from.size() == shape.size();
+  for (size_t i = 0; ok && i < from.size(); ++i) ok = from[i] == shape[i] || from[i] == 1;
+  check(ok, "expand: cannot broadcast shape ", to_string(from), " to ", to_string(shape));
+  Tensor<T> out(shape);
+  // Walk the output with an odometer; a broadcast dimension (size 1) never advances the source.
+  const size_t rank = shape.size();
+  std::vector<int64_t> stride(rank, 0), index(rank, 0);
+  for (int64_t running = 1, i = static_cast<int64_t>(rank) - 1; i >= 0; --i) {
+    const auto u = static_cast<size_t>(i);
+    stride[u] = from[u] == 1 ? 0 : running;
+    running *= from[u];
+  }
+  int64_t src = 0;
+  for (int64_t n = 0; n < out.numel(); ++n) {
+    out[n] = in[src];
+    for (size_t i = rank; i-- > 0;) {
+      if (++index[i] < shape[i]) {
+        src += stride[i];
+        break;
+      }
+      src -= stride[i] * (shape[i] - 1);
+      index[i] = 0;
+    }
+  }
+  return out;
+}
+
 #define MHA_INSTANTIATE(T)                                                  \
+  template Tensor<T> expand(const Tensor<T>&, const Shape&);               \
   template Tensor<T> permute(const Tensor<T>&, const std::vector<int>&);   \
   template Tensor<T> unsqueeze(const Tensor<T>&, int64_t);                 \
   template Tensor<T> squeeze(const Tensor<T>&, int64_t);

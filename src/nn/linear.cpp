@@ -1,3 +1,4 @@
+#include <vector>
 #include "mha/nn/linear.h"
 
 #include <cmath>
@@ -101,9 +102,14 @@ Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor
               T{1}, grad_weight, in);
   }
   if (grad_bias != nullptr) {
+    // Summed in double: a bias gradient is often a long sum that cancels to ~0 (e.g. a key bias,
+    // which softmax ignores), and a float running sum's rounding would dominate it. (PyTorch's
+    // sum is a pairwise reduction, far more accurate than a sequential float sum.)
     const T* gy = grad_y.data();
+    std::vector<double> sum(static_cast<size_t>(out), 0.0);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) grad_bias[o] += gy[r * out + o];
+      for (int64_t o = 0; o < out; ++o) sum[static_cast<size_t>(o)] += gy[r * out + o];
+    for (int64_t o = 0; o < out; ++o) grad_bias[o] += static_cast<T>(sum[static_cast<size_t>(o)]);
   }
   return grad_x;
 }

@@ -4,6 +4,7 @@
 #include "mha/nn/multihead_attention.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "mha/nn/linear.h"
@@ -69,49 +70,15 @@ Mask<T> pad_key_column(const Mask<T>& mask) {
       mask);
 }
 
-// Broadcast shape of two shapes of equal rank (each dim equal or 1).
-Shape broadcast_shapes(const Shape& a, const Shape& b) {
-  Shape out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] == 1 ? b[i] : a[i];
+// a ⊕ b elementwise after broadcasting both (rank 4) to their common shape.
+template <class E, class Op>
+Tensor<E> broadcast_combine(const Tensor<E>& a, const Tensor<E>& b, Op op) {
+  Shape shape(a.shape().size());
+  for (size_t i = 0; i < shape.size(); ++i) shape[i] = std::max(a.shape()[i], b.shape()[i]);
+  Tensor<E> out = expand(a, shape);
+  const Tensor<E> other = expand(b, shape);
+  for (int64_t i = 0; i < out.numel(); ++i) out[i] = op(out[i], other[i]);
   return out;
-}
-
-// Element offset of `index` in a tensor of `shape` broadcast to a larger shape of equal rank.
-int64_t broadcast_offset(const Shape& shape, const Shape& index) {
-  int64_t off = 0;
-  for (size_t i = 0; i < shape.size(); ++i) off = off * shape[i] + (shape[i] == 1 ? 0 : index[i]);
-  return off;
-}
-
-// Combine the attention mask and the key padding mask (both rank 4, broadcastable) as PyTorch
-// does: bool masks become −inf, then the masks are added. When both are bool the result stays
-// bool (blocked if either blocks), which is the same thing without the float arithmetic.
-template <class T>
-Mask<T> combine_masks(const Mask<T>& a, const Mask<T>& b) {
-  const bool both_bool = std::holds_alternative<Tensor<bool>>(a) && std::holds_alternative<Tensor<bool>>(b);
-  auto shape_of = [](const Mask<T>& m) { return std::visit([](const auto& t) { return t.shape(); }, m); };
-  const Shape sa = shape_of(a), sb = shape_of(b), out_shape = broadcast_shapes(sa, sb);
-  auto value_at = [](const Mask<T>& m, int64_t off) -> T {
-    if (auto* bm = std::get_if<Tensor<bool>>(&m)) return (*bm)[off] ? -std::numeric_limits<T>::infinity() : T(0);
-    return std::get<Tensor<T>>(m)[off];
-  };
-  Tensor<T> sum(out_shape);
-  Tensor<bool> blocked(out_shape);
-  Shape index(4, 0);
-  for (int64_t n = 0; n < sum.numel(); ++n) {
-    int64_t rest = n;
-    for (int a4 = 3; a4 >= 0; --a4) {
-      index[static_cast<size_t>(a4)] = rest % out_shape[static_cast<size_t>(a4)];
-      rest /= out_shape[static_cast<size_t>(a4)];
-    }
-    const int64_t oa = broadcast_offset(sa, index), ob = broadcast_offset(sb, index);
-    if (both_bool)
-      blocked[n] = std::get<Tensor<bool>>(a)[oa] || std::get<Tensor<bool>>(b)[ob];
-    else
-      sum[n] = value_at(a, oa) + value_at(b, ob);
-  }
-  if (both_bool) return blocked;
-  return sum;
 }
 
 template <class T>
@@ -130,7 +97,6 @@ template <class T>
 MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
     : options_(options), generator_(seed) {
   const int64_t e = options_.embed_dim, h = options_.num_heads;
-  check(e > 0, "MultiheadAttention: embed_dim: expected > 0, got ", e);
   check(h > 0, "MultiheadAttention: num_heads: expected > 0, got ", h);
   check(e % h == 0, "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim ", e,
         " and num_heads ", h);
@@ -138,8 +104,13 @@ MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& optio
         "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options_.dropout);
   if (!options_.kdim) options_.kdim = e;
   if (!options_.vdim) options_.vdim = e;
-  check(*options_.kdim > 0, "MultiheadAttention: kdim: expected > 0, got ", *options_.kdim);
-  check(*options_.vdim > 0, "MultiheadAttention: vdim: expected > 0, got ", *options_.vdim);
+  // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps
+  // 3·embed_dim and every weight size far from int64 overflow.
+  constexpr int64_t kMaxWidth = std::numeric_limits<int>::max() / 3;
+  for (auto [name, width] : {std::pair<const char*, int64_t>{"embed_dim", e}, {"kdim", *options_.kdim},
+                             {"vdim", *options_.vdim}})
+    check(width > 0 && width <= kMaxWidth, "MultiheadAttention: ", name, ": expected 1 to ", kMaxWidth, ", got ",
+          width);
 
   // PyTorch's _reset_parameters: xavier_uniform_ over the whole packed (3E, E) matrix (or each
   // separate weight), zero biases, out_proj.weight with nn.Linear's default
@@ -253,7 +224,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     } else {
       check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
             to_string(s));
-      check_shape(s, {n * heads, len, src_len},
+      check_shape(s, {checked_numel({n, heads}, "attn_mask: N*num_heads"), len, src_len},
                   unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
       attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
     }
@@ -296,7 +267,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   // 6. add_zero_attn: a zero key and value appended per head; masks get a free column.
   if (options_.add_zero_attn) {
     auto append_zero = [&](const Tensor<T>& x) {
-      Tensor<T> flat = x.reshape({n * heads, x.size(2), x.size(3)});
+      Tensor<T> flat = x.reshape({checked_numel({n, heads}), x.size(2), x.size(3)});
       return append_row(flat, static_cast<const T*>(nullptr)).reshape({n, heads, x.size(2) + 1, x.size(3)});
     };
     k = append_zero(k);
@@ -305,21 +276,26 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     if (padding_mask) padding_mask = pad_key_column(*padding_mask);
   }
 
-  // 7. One mask for the attention core.
-  std::optional<Mask<T>> merged_mask = attn_mask;
-  if (padding_mask) merged_mask = merged_mask ? combine_masks(*merged_mask, *padding_mask) : *padding_mask;
+  // 7. Masks for the attention core, which takes one bool and one float mask. PyTorch turns a
+  // bool mask into −inf and adds the two masks; two bool masks are the same as "blocked where
+  // either blocks", two float masks are added, and a bool with a float mask need no merging.
   MultiheadAttentionCache<T> local;
   MultiheadAttentionCache<T>& c = cache ? *cache : local;
-  c.attend_mask.reset();
+  std::optional<Tensor<bool>> blocked;
   c.additive_mask.reset();
-  if (merged_mask) {
-    if (auto* blocked = std::get_if<Tensor<bool>>(&*merged_mask)) {
-      Tensor<bool> attend(blocked->shape());  // flip to the attention core's polarity
-      for (int64_t i = 0; i < attend.numel(); ++i) attend[i] = !(*blocked)[i];
-      c.attend_mask = std::move(attend);
+  for (std::optional<Mask<T>>* mask : {&attn_mask, &padding_mask}) {
+    if (!*mask) continue;
+    if (auto* b = std::get_if<Tensor<bool>>(&**mask)) {
+      blocked = blocked ? broadcast_combine(*blocked, *b, std::logical_or<bool>()) : *b;
     } else {
-      c.additive_mask = std::get<Tensor<T>>(std::move(*merged_mask));
+      const Tensor<T>& f = std::get<Tensor<T>>(**mask);
+      c.additive_mask = c.additive_mask ? broadcast_combine(*c.additive_mask, f, std::plus<T>()) : f;
     }
+  }
+  c.attend_mask.reset();
+  if (blocked) {  // flip to the attention core's polarity (true = may attend)
+    for (int64_t i = 0; i < blocked->numel(); ++i) (*blocked)[i] = !(*blocked)[i];
+    c.attend_mask = std::move(blocked);
   }
   c.causal = causal;
   c.dropout_p = this->is_training() ? options_.dropout : 0.0;

@@ -18,6 +18,8 @@
 #include "mha/core/error.h"
 #include "mha/viz/heatmap.h"
 
+#include "mha/core/atomic_file.h"
+
 namespace mha::viz {
 namespace {
 
@@ -49,30 +51,7 @@ void encode(std::FILE* file, const Image& image, const std::string& path) {
 void write_png(const std::string& path, const Image& image) {
   // Validate first: a bad image must not touch the disk at all.
   check_image(image);
-  static std::atomic<uint64_t> counter{0};
-  const std::string temporary =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  check(file != nullptr, "write_png: cannot write '", path, "': cannot create '", temporary, "': ",
-        std::strerror(errno));
-  try {
-    try {
-      encode(file, image, path);
-    } catch (...) {
-      std::fclose(file);
-      throw;
-    }
-    // fclose flushes: a full disk may only show up here.
-    check(std::fclose(file) == 0, "write_png: cannot write '", path, "': writing '", temporary,
-          "' failed: ", std::strerror(errno));
-    std::error_code error;
-    std::filesystem::rename(temporary, path, error);
-    check(!error, "write_png: cannot write '", path, "': renaming '", temporary, "' failed: ", error.message());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw;
-  }
+  write_file_atomically(path, "write_png", [&](std::FILE* file) { encode(file, image, path); });
 }
 
 Image read_png(const std::string& path) {

@@ -140,6 +140,43 @@ TEST(SdpaReference, FullyMaskedRowsGiveZeroOutputAndZeroGradient) {
   EXPECT_EQ(max_abs_diff(r.output, r2.output), 0.0);
 }
 
+// A finite mask fill far larger than the scores (−1e9 in float, −1e300 in double) makes every
+// score of the row equal, so P = 1/S and, with one query, grad_value_j = grad_output / S;
+// k_j = 0.1·(2j, 2j + 1), v = (1, 2, 3, 4).
+// (A backward that rebuilt P as exp(s − lse) would get P = 1 here: lse = m + log S rounds to m.)
+template <class T>
+void check_huge_fill(T fill) {
+  const int64_t S = 4;
+  Tensor<T> q({1, 1, 1, 2}, {T(0.3), T(-0.2)}), k({1, 1, S, 2}), v({1, 1, S, 1}, {1, 2, 3, 4});
+  for (int64_t i = 0; i < k.numel(); ++i) k[i] = T(0.1) * static_cast<T>(i);
+  Tensor<T> additive({1, S}, fill), dout({1, 1, 1, 1}, {T(1)});
+  Options<T> opt;
+  opt.additive_mask = &additive;
+  auto r = sdpa_forward(q, k, v, opt);
+  EXPECT_NEAR(r.output[0], T(2.5), T(1e-6));
+  auto g = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
+  for (int64_t j = 0; j < S; ++j) EXPECT_NEAR(g.grad_value[j], T(0.25), T(1e-6)) << "key " << j;
+  // dq = scale Σ_j P_j (dout·v_j − dout·o) k_j = (1/√2)(1/4) Σ_j (v_j − 2.5) k_j = (1, 1)/(4√2).
+  for (int64_t d = 0; d < 2; ++d) EXPECT_NEAR(g.grad_query[d], T(1 / (4 * std::sqrt(2.0))), T(1e-6));
+}
+
+TEST(SdpaReference, HugeFiniteMaskFillsKeepExactGradients) {
+  check_huge_fill<float>(-1e9f);
+  check_huge_fill<double>(-1e300);
+}
+
+// NaN is not "masked": a NaN score makes its row NaN (output and weights), as in PyTorch, and
+// does not leak into other rows.
+TEST(SdpaReference, NanPropagatesThroughItsRowOnly) {
+  Tensor<double> q({1, 1, 2, 2}, {std::nan(""), 1.0, 0.5, 0.5}), k({1, 1, 3, 2}, 0.25), v({1, 1, 3, 1}, 1.0);
+  Options<double> opt;
+  opt.need_weights = true;
+  auto r = sdpa_forward(q, k, v, opt);
+  EXPECT_TRUE(std::isnan(r.output[0]));
+  for (int j = 0; j < 3; ++j) EXPECT_TRUE(std::isnan((*r.weights)[j]));
+  EXPECT_NEAR(r.output[1], 1.0, 1e-15);
+}
+
 // GQA: Hq = 6 over Hkv = 2 equals plain attention with each kv head repeated 3 times
 // (repeat_interleave: query head h reads kv head h / 3), gradients summed back over the group.
 TEST(SdpaReference, GroupedQueryAttentionEqualsRepeatedHeads) {
@@ -191,6 +228,19 @@ TEST(SdpaReference, CausalAlignmentsEqualExplicitMasks) {
   }
 }
 
+// A 1-D mask (S) broadcasts over batch, heads and queries, as in PyTorch.
+TEST(SdpaReference, OneDimensionalMaskBroadcastsOverEverything) {
+  Generator gen(12);
+  Tensor<double> q = random_tensor({2, 2, 3, 4}, gen), k = random_tensor({2, 2, 5, 4}, gen);
+  Tensor<double> v = random_tensor({2, 2, 5, 3}, gen);
+  Tensor<bool> keys({5}, {true, false, true, true, false}), full({2, 2, 3, 5});
+  for (int64_t i = 0; i < full.numel(); ++i) full[i] = keys[i % 5];
+  Options<double> one_d, four_d;
+  one_d.attend_mask = &keys;
+  four_d.attend_mask = &full;
+  EXPECT_EQ(max_abs_diff(sdpa_forward(q, k, v, one_d).output, sdpa_forward(q, k, v, four_d).output), 0.0);
+}
+
 TEST(SdpaReference, DropoutIsSeededScaledAndReproducible) {
   Generator gen(13);
   Tensor<double> q = random_tensor({2, 2, 16, 4}, gen), k = random_tensor({2, 2, 32, 4}, gen);
@@ -233,7 +283,7 @@ TEST(SdpaReference, BadInputGivesClearErrors) {
   Tensor<bool> bad_mask({3, 4});
   Options<double> opt;
   opt.attend_mask = &bad_mask;
-  expect_error([&] { sdpa_forward(q, k, v, opt); }, "attend_mask: expected a 2-D to 4-D shape broadcastable");
+  expect_error([&] { sdpa_forward(q, k, v, opt); }, "attend_mask: expected a 1-D to 4-D shape broadcastable");
   Options<double> drop;
   drop.dropout_p = 1.5;
   expect_error([&] { sdpa_forward(q, k, v, drop); }, "dropout_p");

@@ -91,6 +91,11 @@ TEST_F(AttentionCliErrors, InputFileErrors) {
   st::save(bad_mask, path("bad_mask.safetensors"));
   expect_failure(flags + path("bad_mask.safetensors"), "attn_mask: expected dtype BOOL or a float dtype");
 
+  st::File int_query;
+  int_query.tensors["query"] = st::from_tensor(Tensor<int64_t>({3, 2, 4}));
+  st::save(int_query, path("int_query.safetensors"));
+  expect_failure(flags + path("int_query.safetensors"), "query: expected a float dtype (F16, BF16, F32, F64), got I64");
+
   st::File no_query;
   no_query.tensors["key"] = st::from_tensor(Tensor<float>({3, 2, 4}));
   st::save(no_query, path("no_query.safetensors"));

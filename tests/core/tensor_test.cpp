@@ -142,3 +142,35 @@ TEST(Tensor, Cast) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(TensorMove, MovedFromTensorIsEmpty) {
+  mha::Tensor<float> a({2, 3}, 1.0f);
+  mha::Tensor<float> b = std::move(a);
+  EXPECT_EQ(b.numel(), 6);
+  EXPECT_FALSE(a.defined());  // NOLINT(bugprone-use-after-move): the state after a move is the point
+  EXPECT_EQ(a.numel(), 0);
+  EXPECT_FALSE(mha::cast<double>(a).defined());
+  mha::Tensor<float> c({4});
+  c = std::move(b);
+  EXPECT_EQ(c.shape(), (mha::Shape{2, 3}));
+  EXPECT_FALSE(b.defined());  // NOLINT(bugprone-use-after-move)
+}
+
+TEST(TensorShape, ZeroDimensionMakesAnEmptyTensorWhateverTheOthers) {
+  EXPECT_EQ(mha::checked_numel({int64_t{1} << 62, 4, 0, 2}), 0);
+  EXPECT_NE(error_of([] { (void)mha::checked_numel({int64_t{1} << 62, 4, 2}); }).find("overflows 64 bits"),
+            std::string::npos);
+}
+
+// expand is torch.expand(...).contiguous(): size-1 dimensions repeat.
+TEST(TensorExpand, BroadcastsSizeOneDimensions) {
+  const mha::Tensor<int32_t> column({2, 1}, {1, 2}), row({1, 3}, {10, 20, 30});
+  EXPECT_EQ(values_of(mha::expand(column, {2, 3})), (std::vector<int32_t>{1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(values_of(mha::expand(row, {2, 3})), (std::vector<int32_t>{10, 20, 30, 10, 20, 30}));
+  EXPECT_NE(error_of([&] { (void)mha::expand(row, {2, 4}); }).find("cannot broadcast shape [1, 3] to [2, 4]"),
+            std::string::npos);
+}
+
+}  // namespace

@@ -202,7 +202,8 @@ TEST(MultiheadAttentionErrors, BadConstructorArguments) {
     MultiheadAttention<float> m(o);
   };
   expect_error([&] { make(10, 3); }, "embed_dim must be divisible by num_heads, got embed_dim 10 and num_heads 3");
-  expect_error([&] { make(0, 1); }, "embed_dim: expected > 0, got 0");
+  expect_error([&] { make(0, 1); }, "embed_dim: expected 1 to 715827882, got 0");
+  expect_error([&] { make(int64_t{1} << 62, 1); }, "embed_dim: expected 1 to 715827882, got 4611686018427387904");
   expect_error([&] { make(4, -2); }, "num_heads: expected > 0, got -2");
   expect_error([&] { make(4, 2, 1.5); }, "dropout: expected a probability in [0, 1], got 1.5");
 }

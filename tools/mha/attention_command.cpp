@@ -47,14 +47,25 @@ The output file is written atomically: on any error no output file is left.)";
 
 namespace {
 
+bool is_float(st::DType dtype) {
+  return dtype == st::DType::F32 || dtype == st::DType::F64 || dtype == st::DType::F16 || dtype == st::DType::BF16;
+}
+
+// A float tensor (query, key, value, grad_output): any float dtype, converted to T.
+template <class T>
+Tensor<T> read_float(const st::TensorData& data, const std::string& name) {
+  check(is_float(data.dtype), name, ": expected a float dtype (F16, BF16, F32, F64), got ", st::to_string(data.dtype));
+  return st::to_tensor<T>(data, name);
+}
+
 template <class T>
 std::optional<nn::Mask<T>> read_mask(const st::File& inputs, const std::string& name) {
   auto it = inputs.tensors.find(name);
   if (it == inputs.tensors.end()) return std::nullopt;
   const st::DType dtype = it->second.dtype;
   if (dtype == st::DType::BOOL) return st::to_tensor<bool>(it->second, name);
-  check(dtype == st::DType::F32 || dtype == st::DType::F64 || dtype == st::DType::F16 || dtype == st::DType::BF16,
-        name, ": expected dtype BOOL or a float dtype (F16, BF16, F32, F64), got ", st::to_string(dtype));
+  check(is_float(dtype), name, ": expected dtype BOOL or a float dtype (F16, BF16, F32, F64), got ",
+        st::to_string(dtype));
   return st::to_tensor<T>(it->second, name);
 }
 
@@ -69,10 +80,10 @@ void run(const AttentionArgs& args) {
   if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
 
   const st::File inputs = st::load(args.inputs_path);
-  const Tensor<T> query = st::to_tensor<T>(st::require(inputs, "query", args.inputs_path), "query");
+  const Tensor<T> query = read_float<T>(st::require(inputs, "query", args.inputs_path), "query");
   auto optional_input = [&](const char* name) {
     auto it = inputs.tensors.find(name);
-    return it == inputs.tensors.end() ? query : st::to_tensor<T>(it->second, name);
+    return it == inputs.tensors.end() ? query : read_float<T>(it->second, name);
   };
   const Tensor<T> key = optional_input("key"), value = optional_input("value");
 
@@ -92,8 +103,7 @@ void run(const AttentionArgs& args) {
   if (result.attn_weights) out.tensors["attn_weights"] = st::from_tensor(*result.attn_weights);
   if (args.backward) {
     const Tensor<T> grad_output =
-        st::to_tensor<T>(st::require(inputs, "grad_output", args.inputs_path + " (needed by --backward)"),
-                         "grad_output");
+        read_float<T>(st::require(inputs, "grad_output", args.inputs_path + " (needed by --backward)"), "grad_output");
     module.zero_grad();
     auto grads = module.backward(grad_output, cache);
     out.tensors["grad_query"] = st::from_tensor(grads.grad_query);

@@ -22,7 +22,7 @@ enum class Backend { reference };
 
 template <class T>
 struct Options {
-  // Masks are broadcast to (B, Hq, L, S): each may have rank 2..4, aligned on the right, with
+  // Masks are broadcast to (B, Hq, L, S): each may have rank 1..4, aligned on the right, with
   // every dimension either 1 or the full size. The names carry the polarity:
   //   attend_mask   true = the query MAY attend to the key (SDPA's bool polarity);
   //   additive_mask added to the scaled scores (−inf blocks, as a float mask in PyTorch).

@@ -55,8 +55,15 @@ class Tensor {
     if (this != &other) *this = Tensor(other);
     return *this;
   }
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  // A moved-from tensor is undefined like a default-constructed one, never a shape without data.
+  Tensor(Tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, {})), numel_(std::exchange(other.numel_, 0)), data_(std::move(other.data_)) {}
+  Tensor& operator=(Tensor&& other) noexcept {
+    shape_ = std::exchange(other.shape_, {});
+    numel_ = std::exchange(other.numel_, 0);
+    data_ = std::move(other.data_);
+    return *this;
+  }
 
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
@@ -126,6 +133,7 @@ void Tensor<T>::reshape_in_place(Shape new_shape) {
 // Element type conversion (float <-> double, bool -> float as 0/1).
 template <class To, class From>
 Tensor<To> cast(const Tensor<From>& from) {
+  if (!from.defined()) return {};
   Tensor<To> out(from.shape());
   for (int64_t i = 0; i < from.numel(); ++i) out[i] = static_cast<To>(from[i]);
   return out;
@@ -140,6 +148,11 @@ template <class T>
 Tensor<T> unsqueeze(const Tensor<T>& in, int64_t axis);
 template <class T>
 Tensor<T> squeeze(const Tensor<T>& in, int64_t axis);
+
+// Broadcast to `shape` (torch.expand followed by contiguous): `in` has the same rank, and each
+// of its dimensions equals the target's or is 1.
+template <class T>
+Tensor<T> expand(const Tensor<T>& in, const Shape& shape);
 
 // Throws mha::Error "<what>: expected shape [..], got [..]" unless the shapes are equal.
 void check_shape(const Shape& got, const Shape& expected, const std::string& what);
