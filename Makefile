@@ -2,7 +2,7 @@
 #   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
 #   make build  configure build/ (Release) if needed, then build
 #   make test   deps + build + ctest
-#   make demo   deps + build + run the sentence self-attention example
+#   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -36,7 +36,7 @@ test: deps build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 demo: deps build
-	./$(BUILD_DIR)/examples/sentence_self_attention
+	./scripts/demo.sh $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

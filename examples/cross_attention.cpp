@@ -329,6 +329,17 @@ int main(int argc, char** argv) {
     print_shape("grad x_q (B, L, E)", grad.x_q.shape());
     print_shape("grad x_kv (B, S, E), 0 on padding tokens", grad.x_kv.shape());
 
+    // Heads of sequence 1 (its last x_kv tokens are padding).
+    const Tensor<float>& w = *cross.attention.weights;
+    const int64_t per_sequence = kNumHeads * kQueryLen * kKeyValueLen;
+    mha::viz::HeatmapOptions picture;
+    picture.title = "cross-attention, sequence 1: 8 heads, queries x keys";
+    for (int64_t i = 0; i < kQueryLen; ++i) picture.query_tokens.push_back("q" + std::to_string(i));
+    for (int64_t j = 0; j < kKeyValueLen; ++j)
+      picture.key_tokens.push_back(j < kKeyValueLengths[1] ? "kv" + std::to_string(j) : "<pad>");
+    files.draw(Tensor<float>({kNumHeads, kQueryLen, kKeyValueLen},
+                             std::span<const float>(w.data() + per_sequence, static_cast<size_t>(per_sequence))),
+               picture);
     files.save({{"self_attention_output", self.output},
                 {"cross_attention_output", cross.output},
                 {"cross_attention_weights", *cross.attention.weights},

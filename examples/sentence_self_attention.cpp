@@ -169,6 +169,14 @@ int main(int argc, char** argv) {
 
     // 6. The module against the plain formula on the same input and weights.
     files.save({{"embedded", x}, {"output", result.output}, {"attn_weights", weights}});
+    std::vector<std::string> token_strings;
+    std::istringstream words_in(sentence);
+    for (std::string w; words_in >> w;) token_strings.push_back(w);
+    token_strings.resize(kMaxLen, "<pad>");
+    mha::viz::HeatmapOptions picture;
+    picture.query_tokens = picture.key_tokens = token_strings;
+    picture.title = "\"" + sentence + "\": 8 heads, padding masked";
+    files.draw(weights.reshape({kNumHeads, kMaxLen, kMaxLen}), picture);
     auto state = attention.state_dict();
     std::vector<bool> padding(static_cast<size_t>(kMaxLen));
     for (int64_t j = 0; j < kMaxLen; ++j) padding[static_cast<size_t>(j)] = is_padding[j];

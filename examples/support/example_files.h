@@ -3,9 +3,11 @@
 // can compare it with the same scenario run by PyTorch (tests/goldens/examples):
 //
 //   <example> [--weights W.safetensors] [--inputs I.safetensors] [--output O.safetensors]
+//             [--heatmap P.png]
 //
 // Without --weights the example initialises itself from its seed; without --inputs it makes its
-// own inputs; without --output it only prints.
+// own inputs; without --output it only prints. --heatmap draws its attention weights (examples
+// that have one picture to show).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -15,11 +17,12 @@
 #include "mha/core/error.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/serialization.h"
+#include "mha/viz/heatmap.h"
 
 namespace mha::examples {
 
 struct ExampleFiles {
-  std::string weights, inputs, output;
+  std::string weights, inputs, output, heatmap;
 
   // Parses the three options; returns false when the program should exit (help or bad flag)
   // with `exit_code` set.
@@ -29,6 +32,7 @@ struct ExampleFiles {
         ->check(CLI::ExistingFile);
     app.add_option("--inputs", inputs, "take the inputs from this file")->check(CLI::ExistingFile);
     app.add_option("--output", output, "write the results to this file");
+    app.add_option("--heatmap", heatmap, "draw the attention weights into this PNG file");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -58,6 +62,13 @@ struct ExampleFiles {
     for (const auto& [name, tensor] : results) file.tensors.emplace(name, safetensors::from_tensor(tensor));
     safetensors::save(file, output);
     std::printf("results written to %s\n", output.c_str());
+  }
+
+  // Draws (H, L, S) attention weights to --heatmap when given.
+  void draw(const Tensor<float>& weights, const viz::HeatmapOptions& options) const {
+    if (heatmap.empty()) return;
+    viz::write_attention_heatmap(heatmap, weights, options);
+    std::printf("heatmap written to %s\n", heatmap.c_str());
   }
 };
 

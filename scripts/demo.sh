@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make demo`: a short tour of mha through three of the tutorial scenarios. Each example prints
+# the shape of every stage and checks itself against the plain formula (exit 1 on a mismatch);
+# the attention pictures go to build/demo/.
+set -euo pipefail
+build=${1:-build}
+pictures="$build/demo"
+mkdir -p "$pictures"
+
+section() { printf '\n\033[1m== %s ==\033[0m\n\n' "$1"; }
+
+section "1/3  Sentence self-attention (tutorial 000): tokens, padding, 512-wide embedding, 8 heads"
+"$build/examples/sentence_self_attention" --heatmap "$pictures/sentence_self_attention.png"
+
+section "2/3  Cross-attention with q/k head size 16 != v head size 32 (tutorial 003)"
+"$build/examples/cross_attention" --heatmap "$pictures/cross_attention.png"
+
+section "3/3  Pre-norm residual block, forward and backward (tutorial 001)"
+"$build/examples/pre_norm_residual_block"
+
+section "Pictures"
+echo "Attention weights, one panel per head:"
+for png in "$pictures"/*.png; do echo "  $(realpath "$png")"; done
+echo
+echo "More: build/examples/attention_classifier, build/examples/attention_levels; docs/ explains each scenario."
