@@ -24,17 +24,21 @@ deps:
 
 # Configure only when there is no generated tree yet (or the build type changed); after that
 # `cmake --build` re-runs CMake by itself whenever a CMakeLists.txt or glob changes.
+# TARGETS: what `cmake --build` builds (default: everything); demo builds only what it runs.
+TARGETS ?=
+
 build:
 	@if [ ! -f "$(BUILD_DIR)/CMakeCache.txt" ] || [ ! -f "$(BUILD_DIR)/cmake_install.cmake" ] || \
 	    ! grep -qx 'CMAKE_BUILD_TYPE:STRING=$(BUILD_TYPE)' "$(BUILD_DIR)/CMakeCache.txt"; then \
 	  echo "$(CMAKE) -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)"; \
 	  $(CMAKE) -S . -B "$(BUILD_DIR)" -DCMAKE_BUILD_TYPE=$(BUILD_TYPE); \
 	fi
-	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS)
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) $(if $(TARGETS),--target $(TARGETS))
 
 test: deps build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
+demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
 demo: deps build
 	./scripts/demo.sh $(BUILD_DIR)
 
