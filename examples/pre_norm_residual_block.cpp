@@ -78,7 +78,8 @@ struct BlockCache {
   typename mha::nn::Linear<T>::Cache fc_q, fc_k, fc_v, out_fc;
   Tensor<bool> attend;                  // (N, 1, 1, S), true = may attend
   Tensor<T> q_heads, k_heads, v_heads;  // (N, H, ·, head_dim)
-  Tensor<T> attention, logsumexp;       // (N, H, L, head_dim), (N, H, L)
+  Tensor<T> attention;                  // (N, H, L, head_dim)
+  Tensor<double> logsumexp;             // (N, H, L)
   typename mha::nn::Dropout<T>::Cache dropout;
 };
 

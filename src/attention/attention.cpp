@@ -111,7 +111,7 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
 
 template <class T>
 Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                           const Tensor<T>& output, const Tensor<T>& logsumexp,
+                           const Tensor<T>& output, const Tensor<double>& logsumexp,
                            const Tensor<T>& grad_output, const Options<T>& options) {
   const Problem p = make_problem(query, key, value, options);
   const Masks<T> masks = make_masks(p, options);
@@ -131,7 +131,7 @@ template ForwardResult<float> sdpa_forward(const Tensor<float>&, const Tensor<fl
 template ForwardResult<double> sdpa_forward(const Tensor<double>&, const Tensor<double>&,
                                             const Tensor<double>&, const Options<double>&);
 template Gradients<float> sdpa_backward(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                        const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                                        const Tensor<float>&, const Tensor<double>&, const Tensor<float>&,
                                         const Options<float>&);
 template Gradients<double> sdpa_backward(const Tensor<double>&, const Tensor<double>&,
                                          const Tensor<double>&, const Tensor<double>&,

@@ -34,11 +34,12 @@ void score_row(const Problem& p, const Masks<T>& masks, const T* q, const T* k_h
     scores[j] += scale * dot(q, k_head + j * p.qk_head_dim, p.qk_head_dim);
 }
 
-// Turns the scores of one row into probabilities in place and returns log Σ exp(scores).
+// Turns the scores of one row into probabilities in place and returns log Σ exp(scores) (in
+// double: see attention.h).
 // A row whose scores are all −inf may attend to nothing: it gets probabilities 0 and returns
 // −inf. A NaN anywhere makes the whole row NaN, as in PyTorch (NaN must not pass for "masked").
 template <class T>
-T softmax_row(T* scores, int64_t n) {
+double softmax_row(T* scores, int64_t n) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   T max_score = neg_inf;
   // Once max_score is NaN no comparison replaces it, so a NaN sticks.
@@ -46,7 +47,7 @@ T softmax_row(T* scores, int64_t n) {
     if (std::isnan(scores[j]) || max_score < scores[j]) max_score = scores[j];
   if (max_score == neg_inf) {
     std::fill_n(scores, n, T(0));
-    return neg_inf;
+    return -std::numeric_limits<double>::infinity();
   }
   // Subtracting the maximum keeps every exp ≤ 1, so nothing overflows. The normaliser is summed
   // in double so that Σ_j P_j = 1 to rounding of the P_j themselves: backward relies on it
@@ -55,7 +56,7 @@ T softmax_row(T* scores, int64_t n) {
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
   for (int64_t j = 0; j < n; ++j) scores[j] = static_cast<T>(scores[j] / sum);
-  return max_score + static_cast<T>(std::log(sum));
+  return static_cast<double>(max_score) + std::log(sum);
 }
 
 // The dropout multiplier of probability (bh, i, j): 0 if dropped, 1/(1 − p) if kept.
@@ -75,7 +76,7 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
-  ForwardResult<T> r{Tensor<T>({B, Hq, L, Dv}), Tensor<T>({B, Hq, L}), std::nullopt};
+  ForwardResult<T> r{Tensor<T>({B, Hq, L, Dv}), Tensor<double>({B, Hq, L}), std::nullopt};
   if (need_weights) r.weights = Tensor<T>({B, Hq, L, S});
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> scores(static_cast<size_t>(S));
@@ -89,7 +90,7 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
         const T* q = head_row(query.data(), Hq, L, Dqk, b, h, i);
         T* out = head_row(r.output.data(), Hq, L, Dv, b, h, i);
         T* weights = need_weights ? head_row(r.weights->data(), Hq, L, S, b, h, i) : nullptr;
-        T& lse = r.logsumexp[(b * Hq + h) * L + i];
+        double& lse = r.logsumexp[(b * Hq + h) * L + i];
 
         // Pass 1: scores; pass 2: softmax (a row that may attend to nothing stays 0).
         score_row(p, masks, q, k_head, b, h, i, scores.data());
@@ -111,7 +112,7 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
 template <class T>
 Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
                                 const Tensor<T>& key, const Tensor<T>& value,
-                                const Tensor<T>& /*output: see below*/, const Tensor<T>& /*logsumexp: see below*/,
+                                const Tensor<T>& /*output: see below*/, const Tensor<double>& /*logsumexp: see below*/,
                                 const Tensor<T>& grad_output) {
   // With P = softmax(scores), Pd = dropout(P), O = Pd·V and upstream dO:
   //   dV_j  += Σ_i Pd_ij dO_i
@@ -179,7 +180,7 @@ template ForwardResult<double> reference_forward(const Problem&, const Masks<dou
                                                  const Tensor<double>&, const Tensor<double>&, bool);
 template Gradients<float> reference_backward(const Problem&, const Masks<float>&, const Tensor<float>&,
                                              const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                             const Tensor<float>&, const Tensor<float>&);
+                                             const Tensor<double>&, const Tensor<float>&);
 template Gradients<double> reference_backward(const Problem&, const Masks<double>&, const Tensor<double>&,
                                               const Tensor<double>&, const Tensor<double>&,
                                               const Tensor<double>&, const Tensor<double>&,

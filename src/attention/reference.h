@@ -14,6 +14,6 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
 template <class T>
 Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
                                 const Tensor<T>& key, const Tensor<T>& value, const Tensor<T>& output,
-                                const Tensor<T>& logsumexp, const Tensor<T>& grad_output);
+                                const Tensor<double>& logsumexp, const Tensor<T>& grad_output);
 
 }  // namespace mha::attention::detail

@@ -6,6 +6,9 @@
 //             gradient 0, never NaN), as PyTorch's SDPA does
 //   output  = dropout(P) v
 //   logsumexp[i] = log Σ_j exp(scores_ij) (−inf for a fully masked row): all backward needs.
+//             Kept in double whatever T is: with a large finite mask fill (−1e9) the row
+//             maximum m dwarfs log Σ exp(s − m), which a float would round away, and then
+//             backward's exp(s − logsumexp) would be up to S times too large.
 #include <optional>
 
 #include "mha/attention/options.h"
@@ -15,7 +18,7 @@ namespace mha::attention {
 template <class T>
 struct ForwardResult {
   Tensor<T> output;                  // (B, Hq, L, Dv)
-  Tensor<T> logsumexp;               // (B, Hq, L)
+  Tensor<double> logsumexp;          // (B, Hq, L)
   std::optional<Tensor<T>> weights;  // (B, Hq, L, S), when options.need_weights
 };
 
@@ -36,7 +39,7 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
 // must be the forward's (same masks, scale, dropout seed).
 template <class T>
 Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                           const Tensor<T>& output, const Tensor<T>& logsumexp,
+                           const Tensor<T>& output, const Tensor<double>& logsumexp,
                            const Tensor<T>& grad_output, const Options<T>& options = {});
 
 }  // namespace mha::attention

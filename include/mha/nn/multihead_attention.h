@@ -60,7 +60,8 @@ template <class T>
 struct MultiheadAttentionCache {
   Tensor<T> query, key, value;  // inputs, batch-first (N, L, ·)
   Tensor<T> q, k, v;            // projected heads (N, H, L, hd) and (N, H, S', hd)
-  Tensor<T> attention, logsumexp;  // (N, H, L, hd), (N, H, L)
+  Tensor<T> attention;          // (N, H, L, hd)
+  Tensor<double> logsumexp;     // (N, H, L)
   Tensor<T> merged;             // heads merged, (N, L, E): the input of out_proj
   std::optional<Tensor<bool>> attend_mask;
   std::optional<Tensor<T>> additive_mask;
