@@ -3,6 +3,7 @@
 #   make build  configure build/ (Release) if needed, then build
 #   make test   deps + build + ctest
 #   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
+#   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench.py)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -10,7 +11,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE      ?= cmake
 CTEST      ?= ctest
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -41,6 +42,11 @@ test: deps build
 demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
 demo: deps build
 	./scripts/demo.sh $(BUILD_DIR)
+
+# Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
+bench: TARGETS = mha_cli
+bench: deps build
+	python3 scripts/bench.py $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

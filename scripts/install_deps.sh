@@ -14,8 +14,10 @@ packages=(
   libcli11-dev
   libpng-dev
   zlib1g-dev
+  libhwy-dev
   libgtest-dev
   libbenchmark-dev
+  dataset-fashion-mnist
 )
 
 missing=()

@@ -2,7 +2,9 @@
 #include "mha/attention/attention.h"
 
 #include <cmath>
+#include <type_traits>
 
+#include "cpu_flash/cpu_flash.h"
 #include "problem.h"
 #include "reference.h"
 
@@ -95,6 +97,16 @@ Masks<T> make_masks(const Problem& p, const Options<T>& options) {
           broadcast_view(options.additive_mask, p, "additive_mask")};
 }
 
+// The backend that runs: `automatic` is cpu_flash for float and reference for double (the
+// double path exists for checking, where the plain definition is what is wanted).
+template <class T>
+Backend resolve_backend(Backend requested) {
+  if (requested == Backend::automatic) return std::is_same_v<T, float> ? Backend::cpu_flash : Backend::reference;
+  check(requested != Backend::cpu_flash || std::is_same_v<T, float>,
+        "options.backend: cpu_flash supports float32 only (use reference or automatic for double)");
+  return requested;
+}
+
 }  // namespace
 
 template <class T>
@@ -102,9 +114,15 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
                               const Options<T>& options) {
   const Problem p = make_problem(query, key, value, options);
   const Masks<T> masks = make_masks(p, options);
-  switch (options.backend) {
+  switch (resolve_backend<T>(options.backend)) {
     case Backend::reference:
       return detail::reference_forward(p, masks, query, key, value, options.need_weights);
+    case Backend::cpu_flash:
+      if constexpr (std::is_same_v<T, float>)
+        return detail::cpu_flash_forward(p, masks, query, key, value, options.need_weights);
+      break;
+    case Backend::automatic:
+      break;
   }
   throw Error("sdpa_forward: options.backend: unknown backend");
 }
@@ -119,9 +137,15 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
   check_shape(logsumexp.shape(), {p.batch, p.query_heads, p.query_len}, "logsumexp");
-  switch (options.backend) {
+  switch (resolve_backend<T>(options.backend)) {
     case Backend::reference:
       return detail::reference_backward(p, masks, query, key, value, output, logsumexp, grad_output);
+    case Backend::cpu_flash:
+      if constexpr (std::is_same_v<T, float>)
+        return detail::cpu_flash_backward(p, masks, query, key, value, output, logsumexp, grad_output);
+      break;
+    case Backend::automatic:
+      break;
   }
   throw Error("sdpa_backward: options.backend: unknown backend");
 }

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "blas_setup.h"
 #include "mha/core/error.h"
 
 namespace mha {
@@ -25,6 +26,7 @@ void gemm<float>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, fl
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
   if (m == 0 || n == 0) return;
+  detail::choose_blas_kernels();
   cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), blas_int(m, "m"), blas_int(n, "n"),
               blas_int(k, "k"), alpha, a, blas_int(std::max<int64_t>(lda, 1), "lda"), b,
               blas_int(std::max<int64_t>(ldb, 1), "ldb"), beta, c, blas_int(ldc, "ldc"));
@@ -35,6 +37,7 @@ void gemm<double>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, d
                   const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
                   double* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  detail::choose_blas_kernels();
   cblas_dgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), blas_int(m, "m"), blas_int(n, "n"),
               blas_int(k, "k"), alpha, a, blas_int(std::max<int64_t>(lda, 1), "lda"), b,
               blas_int(std::max<int64_t>(ldb, 1), "ldb"), beta, c, blas_int(ldc, "ldc"));

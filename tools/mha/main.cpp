@@ -7,7 +7,10 @@
 #include <string>
 
 #include "attention_command.h"
+#include "bench_command.h"
+#include "eval_command.h"
 #include "heatmap_command.h"
+#include "train_command.h"
 #include "mha/core/error.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +18,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
   mha::tools::add_heatmap_command(app);
+  mha::tools::add_bench_command(app);
+  mha::tools::add_train_command(app);
+  mha::tools::add_eval_command(app);
   app.footer(std::string("\n`mha attention --help` lists every flag.\n") + mha::tools::attention_contract());
   try {
     app.parse(argc, argv);

@@ -18,7 +18,13 @@ namespace mha::attention {
 //   bottom_right j <= i + (S − L)  (the last query sees every key: KV-cache decoding)
 enum class Causal { none, top_left, bottom_right };
 
-enum class Backend { reference };
+// Which implementation runs the call. Every backend takes the same Options and honours the same
+// contract (attention.h); they differ only in speed and in float rounding.
+//   automatic  cpu_flash for float, reference for double (the default)
+//   reference  the definition written plainly, one query row at a time (any scalar type)
+//   cpu_flash  the fused, tiled CPU kernel: never builds the L×S score matrix unless weights are
+//              asked for, SIMD through Highway with run-time dispatch (float only)
+enum class Backend { automatic, reference, cpu_flash };
 
 template <class T>
 struct Options {
@@ -38,7 +44,7 @@ struct Options {
   uint64_t dropout_seed = 0;
   // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
   bool need_weights = false;
-  Backend backend = Backend::reference;
+  Backend backend = Backend::automatic;
 };
 
 }  // namespace mha::attention

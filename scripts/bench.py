@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""`make bench`: mha's attention speed beside its peers, measured in the same run.
+
+Runs `mha bench` (forward/backward GFLOP/s, fraction of this machine's sgemm rate, extra memory,
+module forward) and then, when the pip packages are installed, the same shapes with PyTorch's
+scaled_dot_product_attention (forward and backward) and nn.MultiheadAttention, and ONNX Runtime's
+com.microsoft MultiHeadAttention (forward). Prints one table and writes build/bench/bench.json.
+Peers use the same thread count as mha (OMP_NUM_THREADS, default: all cores) and their fastest
+inference mode (torch.inference_mode; ORT with all graph optimisations).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def median_seconds(run, repeats):
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def torch_peers(shapes, module, threads, repeats):
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(threads)
+    out = {}
+    for s in shapes:
+        B, H, L, d, causal = s["batch"], s["heads"], s["len"], s["head_dim"], s["causal"]
+        reps = 1 if L > 8192 else repeats
+        g = torch.Generator().manual_seed(0)
+        q, k, v, do = (torch.randn(B, H, L, d, generator=g) for _ in range(4))
+        with torch.inference_mode():
+            fwd = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), reps)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        bwd = median_seconds(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True), reps)
+        out[key(s)] = {"sdpa_forward_ms": fwd * 1e3, "sdpa_backward_ms": bwd * 1e3}
+    m = torch.nn.MultiheadAttention(module["embed_dim"], module["num_heads"], batch_first=True).eval()
+    x = torch.randn(module["batch"], module["len"], module["embed_dim"])
+    with torch.inference_mode():
+        t = median_seconds(lambda: m(x, x, x, need_weights=False), repeats)
+    return out, {"nn_multihead_attention_forward_ms": t * 1e3, "torch_version": torch.__version__}
+
+
+def ort_peers(shapes, threads, repeats):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    out = {}
+    for s in shapes:
+        B, H, L, d, causal = s["batch"], s["heads"], s["len"], s["head_dim"], s["causal"]
+        if causal:
+            continue  # MultiHeadAttention has no causal flag in every ORT version; compared non-causal only
+        reps = 1 if L > 8192 else repeats
+        node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=H)
+        io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, L, H * d]) for n in "qkv"]
+        graph = helper.make_graph([node], "mha", io, [helper.make_tensor_value_info("o", TensorProto.FLOAT, [B, L, H * d])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                                  ir_version=9)  # an IR version every recent ORT reads
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feeds = {n: rng.standard_normal((B, L, H * d), dtype=np.float32) for n in "qkv"}
+        out[key(s)] = {"ort_forward_ms": median_seconds(lambda: sess.run(None, feeds), reps) * 1e3}
+    return out, {"onnxruntime_version": ort.__version__}
+
+
+def key(s):
+    return f'{s["batch"]},{s["heads"]},{s["len"]},{s["head_dim"]},{int(s["causal"])}'
+
+
+def flops(s):
+    f = 4.0 * s["batch"] * s["heads"] * s["len"] ** 2 * s["head_dim"]
+    return f / 2 if s["causal"] else f
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+    os.makedirs(os.path.join(build, "bench"), exist_ok=True)
+    mha_json = os.path.join(build, "bench", "mha.json")
+    subprocess.run([os.path.join(build, "tools", "mha", "mha"), "bench", "--json", mha_json], check=True)
+    with open(mha_json) as f:
+        report = json.load(f)
+    threads, shapes, module = report["threads"], report["attention"], report["module"]
+    peers, versions = {}, {}
+    for name, fn in (("torch", lambda: torch_peers(shapes, module, threads, 5)),
+                     ("onnxruntime", lambda: ort_peers(shapes, threads, 5))):
+        try:
+            per_shape, ver = fn()
+        except ImportError as e:
+            print(f"\n{name} not installed ({e}); skipped. pip install {name} to compare.")
+            continue
+        versions.update(ver)
+        for k, v in per_shape.items():
+            peers.setdefault(k, {}).update(v)
+    report["peers"], report["peer_versions"] = peers, versions
+
+    print("\nSame run, same shapes, %d threads (ratio = peer time / mha time; > 1 means mha is faster):" % threads)
+    print(f'{"shape (B, H, L=S, d)":30s} {"mha fwd":>9s} {"sdpa fwd":>9s} {"ratio":>6s} {"ort fwd":>9s} {"ratio":>6s}'
+          f' {"mha bwd":>9s} {"sdpa bwd":>9s} {"ratio":>6s}')
+    for s in shapes:
+        p = peers.get(key(s), {})
+        name = f'({s["batch"]}, {s["heads"]}, {s["len"]}, {s["head_dim"]}){" causal" if s["causal"] else ""}'
+
+        def cell(peer, mine):
+            return (f"{peer:9.1f} {peer / mine:6.2f}") if peer else f'{"-":>9s} {"-":>6s}'
+        print(f'{name:30s} {s["forward_ms"]:9.1f} {cell(p.get("sdpa_forward_ms"), s["forward_ms"])} '
+              f'{cell(p.get("ort_forward_ms"), s["forward_ms"])} {s["backward_ms"]:9.1f} '
+              f'{cell(p.get("sdpa_backward_ms"), s["backward_ms"])}')
+    if "nn_multihead_attention_forward_ms" in versions:
+        t = versions["nn_multihead_attention_forward_ms"]
+        print(f'\nModule forward (N={module["batch"]}, L={module["len"]}, E=512, 8 heads): mha {module["forward_ms"]:.1f} ms, '
+              f'nn.MultiheadAttention {t:.1f} ms, ratio {t / module["forward_ms"]:.2f}')
+    path = os.path.join(build, "bench", "bench.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(path + ".tmp", path)
+    print(f"\nJSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

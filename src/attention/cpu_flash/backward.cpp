@@ -1,0 +1,233 @@
+// cpu_flash backward: the probabilities recomputed from logsumexp, one block of queries at a time.
+//
+// With s = scale·q·k + masks, P = exp(s − logsumexp) (the forward's softmax), Z the dropout
+// factors, O = (P∘Z)·V and upstream dO:
+//   dV = (P∘Z)ᵀ·dO
+//   dP = (dO·Vᵀ)∘Z
+//   dS = P∘(dP − D),  D_i = Σ_j P_ij dP_ij  (= dO_i·O_i in exact arithmetic)
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q
+//
+// D_i is summed from the very P and dP that dS then uses, as the reference does, and divided by
+// Σ_j P_ij (1 up to the rounding of P): then Σ_j dS_ij = Σ_j P_ij dP_ij − D_i Σ_j P_ij cancels to
+// rounding, and gradients that are exactly zero (a query that sees one key, a bias added to
+// every key) come out zero or nearly. FlashAttention-2's dO_i·O_i would carry the forward's
+// rounding of O into every dS_ij of the row (measured: up to 7× the float reference's error in
+// dQ, and 1e-4 where the exact gradient is 0). Since D_i needs all of row i's keys before any
+// dS_ij, each block of Br queries takes two passes over its keys:
+//   pass A  S = Q·Kᵀ, dP = dO·Vᵀ; P, dP∘Z and D kept for the whole row block (Br × S floats)
+//   pass B  dS = P∘(dP − D); dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K
+// still five matrix products per tile, and O(Br·S) scratch per thread, never L×S.
+//
+// Parallel tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). The query
+// heads of a GQA group are in the same task, so the task's dK, dV accumulators gather them
+// without atomics; each chunk owns its dQ rows and writes its own partial dKᵀ, dVᵀ, summed
+// afterwards in chunk order. The number of chunks depends on the shape only (more than one only
+// when B·Hkv is small), so the result is bitwise the same for any number of threads.
+//
+// The products that read a tile transposed (dV += Pᵀ·dO, dK += dSᵀ·Q) are computed transposed,
+// dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS: P and dS then enter as the panel operand B exactly as they are
+// stored, and dOᵀ, Qᵀ are transposed once per head (O(L·d)) instead of every tile (O(L·S)).
+#include <cmath>
+#include <limits>
+
+#include "cpu_flash.h"
+#include "tiles.h"
+
+namespace mha::attention::detail {
+
+using namespace cpu_flash;
+
+namespace {
+
+// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols row-major.
+void transpose(const float* src, size_t rows, size_t cols, float* dst, size_t ld) {
+  constexpr size_t kBlock = 32;  // cache-sized squares
+  for (size_t r0 = 0; r0 < rows; r0 += kBlock)
+    for (size_t c0 = 0; c0 < cols; c0 += kBlock)
+      for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
+        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = src[r * cols + c];
+}
+
+// At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
+// still keeps every core busy; fixed by the shape alone.
+constexpr int64_t kMinTasks = 8;
+
+struct Chunks {
+  int64_t count = 0;           // chunks per (b, kv head)
+  int64_t items_per_chunk = 0;  // (query head, query block) pairs per chunk
+};
+
+Chunks split_items(int64_t kv_pairs, int64_t items) {
+  if (items == 0) return {};
+  int64_t wanted = kv_pairs >= kMinTasks ? 1 : (kMinTasks + kv_pairs - 1) / kv_pairs;
+  wanted = std::min(wanted, items);
+  Chunks chunks;
+  chunks.items_per_chunk = (items + wanted - 1) / wanted;
+  chunks.count = (items + chunks.items_per_chunk - 1) / chunks.items_per_chunk;
+  return chunks;
+}
+
+}  // namespace
+
+Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
+                                    const Tensor<float>& key, const Tensor<float>& value,
+                                    const Tensor<float>& /*output: D comes from P and dP, see above*/,
+                                    const Tensor<double>& logsumexp, const Tensor<float>& grad_output) {
+  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
+  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L)
+  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
+  const int64_t G = p.group_size();
+  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
+  Gradients<float> grads{Tensor<float>(query.shape()), Tensor<float>(key.shape()), Tensor<float>(value.shape())};
+  if (B * Hq * L == 0 || S == 0) return grads;
+
+  const size_t W = panel_width();
+  const size_t keys_padded = round_up(to_size(S), W), dqk_padded = round_up(Dqk, W);
+  const size_t Br = kBackwardQueries, Bc = kBackwardKeys;
+  const float scale = static_cast<float>(p.scale);
+  constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written below
+
+  // Pass 1: per (b, kv head), the B operands in panels: Kᵀ (panels of keys) for S = Q·Kᵀ,
+  // Vᵀ (panels of keys) for dP = dO·Vᵀ, and K (panels of Dqk columns) for dQ += dS·K.
+  const size_t kt_size = keys_padded * Dqk, vt_size = keys_padded * Dv, k_size = dqk_padded * to_size(S);
+  Buffer<float> kt_packed(to_size(B * Hkv) * kt_size, uninitialized);
+  Buffer<float> vt_packed(to_size(B * Hkv) * vt_size, uninitialized);
+  Buffer<float> k_packed(to_size(B * Hkv) * k_size, uninitialized);
+#pragma omp parallel for schedule(static)
+  for (int64_t kv = 0; kv < B * Hkv; ++kv) {
+    const float* k_head = key.data() + kv * S * p.qk_head_dim;
+    pack_transposed(k_head, Dqk, to_size(S), Dqk, kt_packed.data() + to_size(kv) * kt_size);
+    pack_transposed(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, vt_packed.data() + to_size(kv) * vt_size);
+    pack_rows(k_head, Dqk, to_size(S), Dqk, k_packed.data() + to_size(kv) * k_size);
+  }
+
+  // Pass 2: per (b, query head), the A operands Qᵀ (Dqk × L) and dOᵀ (Dv × L), and logsumexp
+  // split into two floats per row (hi + lo; hi = +inf marks a fully masked row). The row stride
+  // of Qᵀ and dOᵀ is L padded off a power of two: the micro-kernel reads 6 of their rows at
+  // once, and rows 2^k bytes apart would all fall in the same L1 cache set.
+  const size_t rows_total = to_size(B * Hq * L);
+  const size_t lt = round_up(to_size(L), 16) + 16;
+  Buffer<float> qt(to_size(B * Hq) * Dqk * lt, uninitialized), dot(to_size(B * Hq) * Dv * lt, uninitialized);
+  Buffer<float> lse_hi(rows_total, uninitialized), lse_lo(rows_total, uninitialized);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * Hq; ++bh) {
+    transpose(query.data() + bh * L * p.qk_head_dim, to_size(L), Dqk, qt.data() + to_size(bh) * Dqk * lt, lt);
+    transpose(grad_output.data() + bh * L * p.v_head_dim, to_size(L), Dv, dot.data() + to_size(bh) * Dv * lt, lt);
+    for (int64_t i = bh * L; i < (bh + 1) * L; ++i) split_logsumexp(logsumexp[i], lse_hi[to_size(i)], lse_lo[to_size(i)]);
+  }
+
+  // Pass 3: tasks (b, kv head, chunk of (query head, query block) pairs), each with its own
+  // dKᵀ (Dqk × S) and dVᵀ (Dv × S) accumulators. Rows that span every key (those and the
+  // P, dS blocks) have a stride off a power of two, for the same reason as Qᵀ, dOᵀ: P and dS are
+  // the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in L1.
+  const size_t key_stride = keys_padded + 16;
+  const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
+  const Chunks chunks = split_items(B * Hkv, G * query_blocks);
+  const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ, one (b, kv head, chunk)
+  Buffer<float> kvt_partial(to_size(chunks.count * B * Hkv) * kvt_size);
+  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
+  const int64_t tasks = B * Hkv * chunks.count;
+#pragma omp parallel
+  {
+    const size_t row_block = Br * key_stride;  // one block of query rows × every key
+    Buffer<float> probs(row_block), dprobs(row_block), bias(masked ? row_block : 0), factors(dropout ? row_block : 0);
+    Buffer<float> q_scaled(Br * Dqk), dq(Br * dqk_padded), delta(Br);
+    Buffer<double> row_dot(Br), row_mass(Br);
+    Buffer<int64_t> visible(Br);
+
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
+      const int64_t b = kv / Hkv;
+      const float* kt_head = kt_packed.data() + to_size(kv) * kt_size;
+      const float* vt_head = vt_packed.data() + to_size(kv) * vt_size;
+      const float* k_head = k_packed.data() + to_size(kv) * k_size;
+      float* dkt = kvt_partial.data() + to_size(chunk * B * Hkv + kv) * kvt_size;
+      float* dvt = dkt + Dqk * key_stride;
+      const int64_t first_item = chunk * chunks.items_per_chunk;
+      const int64_t end_item = std::min(G * query_blocks, first_item + chunks.items_per_chunk);
+
+      for (int64_t item = first_item; item < end_item; ++item) {
+        const int64_t h = (kv % Hkv) * G + item / query_blocks, bh = b * Hq + h;
+        const int64_t i0 = (item % query_blocks) * static_cast<int64_t>(Br);
+        const size_t rows = std::min<size_t>(Br, to_size(L - i0));
+        const size_t row0 = to_size(bh * L + i0);  // global row index of query i0
+        // Keys these queries see: all, or up to the causal limit of the last one.
+        const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
+        auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(keys_seen - j0)); };
+
+        // Pass A: P and dP∘Z for every key block, and D = Σ_j P∘dP∘Z. The scores are those of
+        // the forward, (scale·Q)·Kᵀ with the same products in the same order.
+        for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * query.data()[row0 * Dqk + e];
+        std::fill(row_dot.data(), row_dot.data() + rows, 0.0);
+        std::fill(row_mass.data(), row_mass.data() + rows, 0.0);
+        for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
+          const size_t cols = block_cols(j0), c0 = to_size(j0);
+          gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_head + c0 * Dqk, W, Dqk * W},
+               {probs.data() + c0, key_stride}, false);
+          gemm(rows, cols, Dv, {grad_output.data() + row0 * Dv, Dv}, {vt_head + c0 * Dv, W, Dv * W},
+               {dprobs.data() + c0, key_stride}, false);
+          ScoreTile t{probs.data() + c0, key_stride, rows, cols};
+          if (masked) {
+            fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data() + c0, key_stride);
+            t.bias = bias.data() + c0;
+          }
+          if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
+            fill_visible(p, i0, rows, j0, visible.data());
+            t.visible = visible.data();
+          }
+          if (dropout) {
+            fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data() + c0, key_stride);
+            t.dropout = factors.data() + c0;
+          }
+          probabilities_tile(t, lse_hi.data() + row0, lse_lo.data() + row0, dprobs.data() + c0, row_dot.data(),
+                             row_mass.data());
+        }
+        // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and
+        // of each exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish
+        // to rounding whatever that sum is (a fully masked row has both sums 0: D = 0).
+        for (size_t r = 0; r < rows; ++r)
+          delta[r] = row_mass[r] > 0 ? static_cast<float>(row_dot[r] / row_mass[r]) : 0.0f;
+
+        // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
+        std::fill(dq.data(), dq.data() + rows * dqk_padded, 0.0f);
+        for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
+          const size_t cols = block_cols(j0), c0 = to_size(j0);
+          float* block_probs = probs.data() + c0;
+          float* block_ds = dprobs.data() + c0;
+          score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
+                               dropout ? factors.data() + c0 : nullptr);
+          gemm(Dv, cols, rows, {dot.data() + to_size(bh) * Dv * lt + to_size(i0), lt}, {block_probs, key_stride, W},
+               {dvt + c0, key_stride}, true);
+          gemm(Dqk, cols, rows, {qt.data() + to_size(bh) * Dqk * lt + to_size(i0), lt}, {block_ds, key_stride, W},
+               {dkt + c0, key_stride}, true);
+          gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_head + c0 * W, W, to_size(S) * W}, {dq.data(), dqk_padded},
+               true);
+        }
+        // These query rows belong to this task alone: dQ = scale·dS·K.
+        for (size_t r = 0; r < rows; ++r)
+          for (size_t d = 0; d < Dqk; ++d) grads.grad_query.data()[(row0 + r) * Dqk + d] = scale * dq[r * dqk_padded + d];
+      }
+    }
+  }
+
+  // Pass 4: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ, summed in chunk order.
+#pragma omp parallel for schedule(static)
+  for (int64_t kv = 0; kv < B * Hkv; ++kv) {
+    for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
+      const float* dkt = kvt_partial.data() + to_size(chunk * B * Hkv + kv) * kvt_size;
+      const float* dvt = dkt + Dqk * key_stride;
+      float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
+      float* dv = grads.grad_value.data() + kv * S * p.v_head_dim;
+      for (size_t j = 0; j < to_size(S); ++j) {
+        for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt[d * key_stride + j];
+        for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt[d * key_stride + j];
+      }
+    }
+    float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
+    for (int64_t e = 0; e < S * p.qk_head_dim; ++e) dk[e] *= scale;
+  }
+  return grads;
+}
+
+}  // namespace mha::attention::detail

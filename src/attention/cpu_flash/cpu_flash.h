@@ -1,0 +1,35 @@
+#pragma once
+// The cpu_flash backend: fused, tiled ("flash") attention for float on the CPU.
+//
+//   forward  FlashAttention-2: each query block walks the key blocks once with an online softmax
+//            (running row max m and row sum l), so the L×S score matrix is never stored;
+//            logsumexp = m + log l is all backward needs.
+//   backward recomputes the probabilities block by block from logsumexp, in tasks that each own
+//            a range of keys (and so their dK, dV rows) for all the query heads of a GQA group.
+//
+// Extra memory: packed copies of the inputs (O(L·d + S·d)) and per-thread tiles; L×S only when
+// the weights are asked for. Results are bitwise the same for any number of threads.
+// The SIMD code is chosen at run time among the targets the CPU supports (Highway dynamic
+// dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code).
+#include <string>
+#include <vector>
+
+#include "../problem.h"
+#include "mha/attention/attention.h"
+
+namespace mha::attention::detail {
+
+ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
+                                       const Tensor<float>& key, const Tensor<float>& value, bool need_weights);
+
+Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
+                                    const Tensor<float>& key, const Tensor<float>& value, const Tensor<float>& output,
+                                    const Tensor<double>& logsumexp, const Tensor<float>& grad_output);
+
+// For tests: the SIMD targets compiled into the library that this CPU can run (e.g. "AVX3",
+// "AVX2", "SSE4", "EMU128"), best first, and a way to pin the kernel to one of them so every
+// compiled code path is checked against the reference. force_cpu_flash_target("") undoes it.
+std::vector<std::string> cpu_flash_targets();
+void force_cpu_flash_target(const std::string& name);
+
+}  // namespace mha::attention::detail

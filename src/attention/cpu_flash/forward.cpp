@@ -1,0 +1,142 @@
+// cpu_flash forward: FlashAttention-2's loop, one task per block of query rows.
+//
+//   for each block of Br queries (a task; tasks run in parallel, each writes only its rows):
+//     m = −inf, l = 0, O = 0                                     (per row)
+//     for each block of Bc keys the block can see:
+//       S = scale·Q·Kᵀ + masks                                   (Br × Bc, never more)
+//       m' = max(m, rowmax S);  P = exp(S − m');  l = e^(m − m')·l + rowsum P
+//       O = e^(m − m')·O + (P ∘ dropout)·V
+//     O /= l;  logsumexp = m + log l
+//
+// Why it is exact: after any prefix of key blocks, O = Σ_j exp(s_j − m)·z_j·v_j and
+// l = Σ_j exp(s_j − m) for the current m; multiplying both by e^(m − m') re-bases them on the
+// new maximum, so the final O / l is Σ_j softmax(s)_j·z_j·v_j whatever the order of blocks.
+#include <cmath>
+#include <limits>
+
+#include "cpu_flash.h"
+#include "tiles.h"
+
+namespace mha::attention::detail {
+
+using namespace cpu_flash;
+
+ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
+                                       const Tensor<float>& key, const Tensor<float>& value, bool need_weights) {
+  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
+  // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S)
+  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
+  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
+  ForwardResult<float> result{Tensor<float>({B, Hq, L, p.v_head_dim}), Tensor<double>({B, Hq, L}), std::nullopt};
+  if (need_weights) result.weights = Tensor<float>({B, Hq, L, S});
+  if (B * Hq * L == 0) return result;
+
+  const size_t W = panel_width();
+  const size_t keys_padded = round_up(to_size(S), W);  // keys as columns of Kᵀ, whole panels
+  const size_t dv_padded = round_up(Dv, W);
+  const size_t Br = kForwardQueries, Bc = kForwardKeys;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  // Pass 1: per (b, kv head), the B operands in panels: Kᵀ (Dqk × S, panels of keys) for
+  // S = Q·Kᵀ and V (S × Dv, panels of value columns) for O += P·V. Linear in S: the one copy
+  // serves every query block (and every query head of the GQA group).
+  const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
+  Buffer<float> kt_packed(to_size(B * Hkv) * kt_size, Buffer<float>::Uninitialized);
+  Buffer<float> v_packed(to_size(B * Hkv) * v_size, Buffer<float>::Uninitialized);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    pack_transposed(key.data() + bh * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt_packed.data() + to_size(bh) * kt_size);
+    pack_rows(value.data() + bh * S * p.v_head_dim, Dv, to_size(S), Dv, v_packed.data() + to_size(bh) * v_size);
+  }
+
+  // Pass 2: one task per (b, h, block of Br queries).
+  const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
+  const int64_t tasks = B * Hq * query_blocks;
+  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
+  const size_t tile = Br * Bc;  // row stride Bc, a multiple of 64, so of W
+#pragma omp parallel
+  {
+    Buffer<float> scores(tile), bias(masked ? tile : 0), factors(dropout ? tile : 0), out(Br * dv_padded);
+    Buffer<float> q_scaled(Br * Dqk), row_max(Br), lse_hi(Br), lse_lo(Br);
+    Buffer<double> row_sum(Br);
+    Buffer<int64_t> visible(Br);
+
+    // The score tile of queries [i0, i0 + rows) × keys [j0, j0 + cols): S = (scale·Q)·Kᵀ (the
+    // block's queries are scaled once, in q_scaled), and the additions the kernels apply on top.
+    auto score_tile = [&](int64_t bh, int64_t i0, size_t rows, int64_t j0, size_t cols) {
+      const int64_t b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
+      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk},
+           {kt_packed.data() + to_size(kv) * kt_size + to_size(j0) * Dqk, W, Dqk * W}, {scores.data(), Bc}, false);
+      ScoreTile t{scores.data(), Bc, rows, cols};
+      if (masked) {
+        fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data(), Bc);
+        t.bias = bias.data();
+      }
+      if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
+        fill_visible(p, i0, rows, j0, visible.data());
+        t.visible = visible.data();
+      }
+      if (dropout) {
+        fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data(), Bc);
+        t.dropout = factors.data();
+      }
+      return t;
+    };
+
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / query_blocks, kv = (bh / Hq) * Hkv + (bh % Hq) / p.group_size();
+      const int64_t i0 = (task % query_blocks) * static_cast<int64_t>(Br);
+      const size_t rows = std::min<size_t>(Br, to_size(L - i0));
+      const int64_t i_last = i0 + static_cast<int64_t>(rows) - 1;
+      std::fill(row_max.data(), row_max.data() + rows, neg_inf);
+      std::fill(row_sum.data(), row_sum.data() + rows, 0.0);
+      std::fill(out.data(), out.data() + rows * dv_padded, 0.0f);
+      const float* q_block = query.data() + (bh * L + i0) * p.qk_head_dim;
+      for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = static_cast<float>(p.scale) * q_block[e];
+
+      // 2a. The online softmax over the key blocks; causality ends the walk at the last key
+      // any row of this block can see (keys_seen), trimming the last block to it.
+      const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i_last);
+      for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
+        const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
+        const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
+        online_softmax_tile(t, row_max.data(), row_sum.data(), out.data(), dv_padded, Dv);
+        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed.data() + to_size(kv) * v_size + to_size(j0) * W, W, to_size(S) * W},
+             {out.data(), dv_padded}, true);
+      }
+
+      // 2b. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
+      // nothing has l = 0 (its scores were all −inf): O = 0, logsumexp = −inf. A NaN score left
+      // l = NaN (whatever m is), so O and logsumexp are NaN. Otherwise l >= 1 (the maximum's
+      // own term).
+      for (size_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + static_cast<int64_t>(r);
+        float* o = result.output.data() + (bh * L + i) * p.v_head_dim;
+        double& lse = result.logsumexp[bh * L + i];
+        if (row_sum[r] == 0.0) {
+          lse = -std::numeric_limits<double>::infinity();
+          continue;  // the output is already 0
+        }
+        lse = static_cast<double>(row_max[r]) + std::log(row_sum[r]);
+        const float inv_sum = static_cast<float>(1.0 / row_sum[r]);
+        for (size_t c = 0; c < Dv; ++c) o[c] = out[r * dv_padded + c] * inv_sum;
+      }
+
+      // 2c. The weights, only when asked: P = exp(s − logsumexp) ∘ dropout, block by block.
+      if (!need_weights) continue;
+      for (size_t r = 0; r < rows; ++r)
+        split_logsumexp(result.logsumexp[bh * L + i0 + static_cast<int64_t>(r)], lse_hi[r], lse_lo[r]);
+      for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
+        const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
+        const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
+        probabilities_tile(t, lse_hi.data(), lse_lo.data(), nullptr, nullptr, nullptr);
+        for (size_t r = 0; r < rows; ++r)
+          std::copy_n(scores.data() + r * Bc, cols, result.weights->data() + ((bh * L + i0 + static_cast<int64_t>(r)) * S + j0));
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace mha::attention::detail

@@ -1,0 +1,446 @@
+// Per-target SIMD code of the cpu_flash kernel: the matrix-product micro-kernel, the packers
+// and the row operations of the softmax. kernels.cpp includes this file once per Highway
+// target (foreach_target.h); kernels.h describes every function's contract.
+//
+// Each vector operation here has a scalar twin: the reference backend computes the same
+// quantities one element at a time, and the tests run this code for every compiled target
+// against it.
+
+// Per-target include guard (Highway's pattern: toggled once per target).
+#if defined(MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
+#undef MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
+#else
+#define MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "attention/cpu_flash/kernels.h"
+#include "mha/core/random.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::attention::detail::cpu_flash::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_HAVE_SCALABLE
+#error "the micro-kernel holds arrays of vectors: scalable-vector targets are disabled in kernels.cpp"
+#endif
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// ------------------------------------------------------------------------------------------
+// Micro-kernel shape: kRows rows of C × kVectors vectors of columns, all held in registers.
+// With 32 vector registers (AVX-512, NEON): 6 × 4 = 24 accumulators + 4 B vectors + 1
+// broadcast A element = 29 registers, and per step of k 4 loads + 6 broadcasts feed 24 FMAs.
+// With 16 (AVX2, SSE4): 6 × 2 = 12 + 2 + 1 = 15 (the shape ggml and OpenBLAS use).
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kRows = 6, kVectors = 2;
+#else
+constexpr size_t kRows = 6, kVectors = 4;
+#endif
+// Steps of k per pass over C: the B chunk (kDepth × W floats, 32 KiB with AVX-512) stays in
+// L1 while every row strip of A streams past it.
+constexpr size_t kDepth = 128;
+
+size_t PanelWidth() { return kVectors * hn::Lanes(DF()); }
+
+HWY_INLINE size_t round_up_to(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// C[kM × kV·N] (+)= A[kM × k] · B[k × kV·N]: B row kk is kV vectors at b + kk·ldb; each A
+// element is broadcast once and multiplies the kV vectors of its B row.
+template <size_t kM, size_t kV>
+HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                            size_t k, float* HWY_RESTRICT c, size_t ldc, bool accumulate) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc[kM][kV];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kM; ++r) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) acc[r][v] = accumulate ? hn::LoadU(d, c + r * ldc + v * N) : hn::Zero(d);
+  }
+  for (size_t kk = 0; kk < k; ++kk) {
+    VF bv[kV];
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) bv[v] = hn::LoadU(d, b + kk * ldb + v * N);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kM; ++r) {
+      const VF av = hn::Set(d, a[r * lda + kk]);
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kM; ++r) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * N);
+  }
+}
+
+// The ragged edges (fewer rows, fewer vectors) use smaller instances of the same kernel.
+using MicroKernelFn = void (*)(const float*, size_t, const float*, size_t, size_t, float*, size_t, bool);
+
+template <size_t kM, size_t... kV>
+constexpr std::array<MicroKernelFn, sizeof...(kV)> MicroKernelRow(std::index_sequence<kV...>) {
+  return {&MicroKernel<kM, kV + 1>...};
+}
+template <size_t... kM>
+constexpr std::array<std::array<MicroKernelFn, kVectors>, kRows> MicroKernelTable(std::index_sequence<kM...>) {
+  return {MicroKernelRow<kM + 1>(std::make_index_sequence<kVectors>())...};
+}
+
+void Gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
+  static constexpr auto kEdgeKernels = MicroKernelTable(std::make_index_sequence<kRows>());
+  const size_t N = hn::Lanes(DF()), W = PanelWidth();
+  // k = 0 still has to write C = 0 when not accumulating: one pass with an empty depth.
+  for (size_t k0 = 0; k0 < k || (k0 == 0 && !accumulate); k0 += kDepth) {
+    const size_t depth = std::min(kDepth, k - k0);
+    const bool add = accumulate || k0 > 0;
+    for (size_t p = 0; p * W < n; ++p) {
+      const size_t vectors = std::min(W, n - p * W + N - 1) / N;
+      const float* panel = b.data + p * b.panel_stride + k0 * b.stride;
+      float* c_panel = c.data + p * W;
+      size_t r0 = 0;
+      if (vectors == kVectors) {
+        for (; r0 + kRows <= m; r0 += kRows)
+          MicroKernel<kRows, kVectors>(a.data + r0 * a.stride + k0, a.stride, panel, b.stride, depth,
+                                       c_panel + r0 * c.stride, c.stride, add);
+      }
+      for (; r0 < m; r0 += kRows) {
+        const size_t rows = std::min(kRows, m - r0);
+        kEdgeKernels[rows - 1][vectors - 1](a.data + r0 * a.stride + k0, a.stride, panel, b.stride, depth,
+                                            c_panel + r0 * c.stride, c.stride, add);
+      }
+    }
+    if (k == 0) break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Packers (O(rows·cols) copies, done once per head: plain loops suffice).
+
+void PackRows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
+  const size_t W = PanelWidth();
+  for (size_t p = 0; p * W < n; ++p) {
+    const size_t width = std::min(W, n - p * W);
+    float* panel = dst + p * k * W;
+    for (size_t kk = 0; kk < k; ++kk) {
+      std::memcpy(panel + kk * W, x + kk * ld + p * W, width * sizeof(float));
+      std::fill(panel + kk * W + width, panel + (kk + 1) * W, 0.0f);
+    }
+  }
+}
+
+void PackTransposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
+  const size_t W = PanelWidth();
+  for (size_t p = 0; p * W < n; ++p) {
+    const size_t width = std::min(W, n - p * W);
+    float* panel = dst + p * k * W;
+    for (size_t c = 0; c < width; ++c) {
+      const float* row = x + (p * W + c) * ld;
+      for (size_t kk = 0; kk < k; ++kk) panel[kk * W + c] = row[kk];
+    }
+    for (size_t kk = 0; kk < k; ++kk) std::fill(panel + kk * W + width, panel + (kk + 1) * W, 0.0f);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Row operations of the softmax.
+
+// exp(x) for the probabilities, x = s − max (or s − logsumexp): x <= 0 up to rounding, with
+// −inf for masked scores and NaN that must reach its row.
+//
+// Not Highway's Exp, for a measured reason: in the forward pass at d = 64 (B=4, H=8,
+// L=S=2048, 2 threads, AVX-512) hn::Exp plus the NaN fix-up it needs (it maps NaN to 0) took a
+// quarter of the time: 197 GFLOP/s with it, 231 with the exponential left out altogether, 233
+// with this one. Its ~28 vector operations per vector, many of them port-0-only shifts and
+// conversions on AVX-512, compete with the FMAs of the matrix products; this one takes 15,
+// with the same accuracy (max error 1.03 ulp on [−87, 0] against exp in double; hn::Exp 0.99):
+//   n = round(x·log2 e)           by the magic-number trick: t = x·log2 e + (1.5·2²³ + 127)
+//                                 holds n + 127 in its low mantissa bits
+//   f = x − n·ln 2                Cody–Waite in two steps (ln 2 = hi + lo), |f| <= ln 2 / 2
+//   eᶠ ≈ 1 + f·P(f)               degree-6 minimax (relative error 2e-9 on [−ln2/2, ln2/2])
+//   2ⁿ = bits (n + 127) << 23     the exponent field, shifted out of t
+// Below x = −80 the result is 0 rather than e⁻⁸⁰ ≈ 2e−35 (which no float sum of a 1 can see):
+// that gives exp(−inf) = 0 and keeps denormals (microcode assists on x86) out of P·V. NaN
+// propagates through the arithmetic, and x < −80 is false for it. Valid for x <= 88.
+HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(d, 12583039.0f);  // 1.5·2²³ + 127
+  const VF t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), magic);
+  const VF n = hn::Sub(t, magic);
+  VF f = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
+  f = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), f);
+  VF poly = hn::Set(d, 0.0013843653723597527f);
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.00837415549904108f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.04166800156235695f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.16666431725025177f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.4999999403953552f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -80.0f)), hn::Mul(poly, two_to_n));
+}
+
+// The scores of columns [c0, c0 + N) of one row: q·k (already scaled) + bias, plus −inf in
+// the columns at or beyond `open` (hidden by causality, added as the reference adds it, so a
+// NaN stays NaN), and exactly −inf in the lanes beyond `cols` (padding, which then weighs
+// nothing).
+HWY_INLINE VF EdgeScores(DF d, const float* s, const float* bias, size_t c0, size_t open, size_t cols) {
+  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  VF x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
+  x = hn::IfThenElse(hn::FirstN(d, open > c0 ? open - c0 : 0), x, hn::Add(x, neg_inf));
+  return hn::IfThenElse(hn::FirstN(d, cols - c0), x, neg_inf);
+}
+
+// Columns [0, open) of row r are visible (open <= cols).
+HWY_INLINE size_t OpenColumns(const ScoreTile& t, size_t r) {
+  if (!t.visible) return t.cols;
+  const int64_t v = t.visible[r];
+  return v <= 0 ? 0 : std::min(static_cast<size_t>(v), t.cols);
+}
+
+// Row r of the tile with its additions applied (stored back where there are any) and its
+// maximum: the part of the online softmax that needs no exponential. Two running maxima halve
+// the dependency chain of Max.
+HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
+  const size_t N = hn::Lanes(d);
+  float* s = t.scores + r * t.stride;
+  const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
+  const size_t open = OpenColumns(t, r);
+  VF max0 = hn::Set(d, -std::numeric_limits<float>::infinity()), max1 = max0;
+  size_t c0 = 0;
+  if (bias) {
+    for (; c0 + N <= open; c0 += N) {
+      const VF x = hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0));
+      hn::StoreU(x, d, s + c0);
+      max0 = hn::Max(max0, x);
+    }
+  } else {  // nothing to add: the tile already holds the scores
+    for (; c0 + 2 * N <= open; c0 += 2 * N) {
+      max0 = hn::Max(max0, hn::LoadU(d, s + c0));
+      max1 = hn::Max(max1, hn::LoadU(d, s + c0 + N));
+    }
+    for (; c0 + N <= open; c0 += N) max0 = hn::Max(max0, hn::LoadU(d, s + c0));
+  }
+  for (; c0 < t.cols; c0 += N) {
+    const VF x = EdgeScores(d, s, bias, c0, open, t.cols);
+    hn::StoreU(x, d, s + c0);
+    max0 = hn::Max(max0, x);
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(max0, max1)));
+}
+
+// The largest tile height the kernels accept (per-row scratch on the stack).
+constexpr size_t kMaxTileRows = 256;
+
+void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, float* out, size_t out_stride,
+                       size_t out_cols) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t padded = (t.cols + N - 1) / N * N;  // cols rounded up to whole vectors
+  HWY_ALIGN float old_max[kMaxTileRows], shift[kMaxTileRows], alpha[kMaxTileRows];
+  HWY_ASSERT(t.rows <= kMaxTileRows);
+  const size_t rows = t.rows;
+
+  // Pass 1 (every row, so that the rows' dependency chains overlap): the block maxima and
+  // m' = max(m, block max). A row with nothing visible yet keeps m' = −inf and subtracts 0
+  // instead (exp(−inf − 0) = 0, where −inf − (−inf) would be NaN).
+  for (size_t r = 0; r < rows; ++r) {
+    const float block_max = ScoresAndRowMax(d, t, r);
+    old_max[r] = row_max[r];
+    row_max[r] = block_max > old_max[r] ? block_max : old_max[r];
+    shift[r] = row_max[r] == neg_inf ? 0.0f : row_max[r];
+  }
+  // α = exp(m − m') rescales what was summed against the old maximum (0 when m = −inf), N rows
+  // at a time. (In float: α scales a row's l and O alike, so O = O/l does not see its rounding.)
+  for (size_t r = rows; r < round_up_to(rows, N); ++r) old_max[r] = shift[r] = 0.0f;
+  for (size_t r = 0; r < rows; r += N)
+    hn::Store(ExpOfNonPositive(d, hn::Sub(hn::Load(d, old_max + r), hn::Load(d, shift + r))), d, alpha + r);
+
+  // Pass 2: p = exp(s − m'), summed before dropout, then multiplied by the dropout factor;
+  // l' = α·l + Σ p and out ← α·out.
+  for (size_t r = 0; r < rows; ++r) {
+    float* s = t.scores + r * t.stride;
+    const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
+    const VF vshift = hn::Set(d, shift[r]);
+    // p at column c0, stored (times the dropout factor) and returned (without it).
+    auto probability = [&](size_t c0) {
+      const VF prob = ExpOfNonPositive(d, hn::Sub(hn::LoadU(d, s + c0), vshift));
+      hn::StoreU(drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob, d, s + c0);
+      return prob;
+    };
+    VF sum0 = hn::Zero(d), sum1 = sum0;  // two sums halve the dependency chain of Add
+    size_t c0 = 0;
+    for (; c0 + 2 * N <= padded; c0 += 2 * N) {
+      sum0 = hn::Add(sum0, probability(c0));
+      sum1 = hn::Add(sum1, probability(c0 + N));
+    }
+    if (c0 < padded) sum0 = hn::Add(sum0, probability(c0));
+    row_sum[r] = static_cast<double>(alpha[r]) * row_sum[r] +
+                 static_cast<double>(hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1))));
+    if (alpha[r] != 1.0f) {
+      const VF valpha = hn::Set(d, alpha[r]);
+      float* o = out + r * out_stride;
+      for (size_t c = 0; c < out_cols; c += N) hn::StoreU(hn::Mul(hn::LoadU(d, o + c), valpha), d, o + c);
+    }
+  }
+}
+
+void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse_lo, float* dprob, double* row_dot,
+                       double* row_mass) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (size_t r = 0; r < t.rows; ++r) {
+    float* s = t.scores + r * t.stride;
+    float* dp = dprob ? dprob + r * t.stride : nullptr;
+    const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
+    const size_t padded = (t.cols + N - 1) / N * N;
+    if (lse_hi[r] == std::numeric_limits<float>::infinity()) {  // fully masked row: P = 0
+      std::fill(s, s + padded, 0.0f);
+      if (dp) std::fill(dp, dp + padded, 0.0f);
+      continue;
+    }
+    const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
+    const size_t open = OpenColumns(t, r);
+    const VF hi = hn::Set(d, lse_hi[r]), lo = hn::Set(d, lse_lo[r]);
+    VF dot = hn::Zero(d), mass = hn::Zero(d);
+    for (size_t c0 = 0; c0 < padded; c0 += N) {
+      VF x;
+      if (c0 + N <= open) {
+        x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
+      } else {
+        x = EdgeScores(d, s, bias, c0, open, t.cols);
+      }
+      // (s − hi) is exact when s is within a factor 2 of hi (Sterbenz), which covers every
+      // score that matters when |lse| is huge; lo then carries the part a float lse would lose.
+      VF prob = ExpOfNonPositive(d, hn::Sub(hn::Sub(x, hi), lo));
+      if (dp) {
+        VF g = hn::LoadU(d, dp + c0);
+        if (drop) g = hn::Mul(g, hn::LoadU(d, drop + c0));
+        hn::StoreU(g, d, dp + c0);
+        dot = hn::MulAdd(prob, g, dot);  // padding lanes: prob = 0 and g = 0
+        mass = hn::Add(mass, prob);
+      } else if (drop) {
+        prob = hn::Mul(prob, hn::LoadU(d, drop + c0));
+      }
+      hn::StoreU(prob, d, s + c0);
+    }
+    if (dp) {
+      row_dot[r] += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, dot)));
+      row_mass[r] += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, mass)));
+    }
+  }
+}
+
+void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
+                        const float* dropout) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const size_t padded = (cols + N - 1) / N * N;
+  for (size_t r = 0; r < rows; ++r) {
+    float* p = probs + r * stride;
+    float* g = dprob + r * stride;
+    const VF row_delta = hn::Set(d, delta[r]);
+    for (size_t c0 = 0; c0 < padded; c0 += N) {
+      const VF prob = hn::LoadU(d, p + c0);
+      hn::StoreU(hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta)), d, g + c0);
+      if (dropout) hn::StoreU(hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0)), d, p + c0);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Dropout: Philox4x32-10 (mha/core/random.h), N counters at a time. Counter (j, i, bh, bh >> 32)
+// and key = seed give the same bits as dropout_keep, element for element; its scalar twin is
+// dropout_keep itself (and the HWY_SCALAR target calls it).
+
+#if HWY_TARGET != HWY_SCALAR
+// (hi, lo) 32-bit halves of the 64-bit products a·m, lane by lane. MulEven multiplies the even
+// lanes; the odd lanes are shifted down to take their place.
+template <class DU>
+HWY_INLINE void MulHiLo(DU du, hn::Vec<DU> a, uint32_t m, hn::Vec<DU>& hi, hn::Vec<DU>& lo) {
+  const hn::Repartition<uint64_t, DU> du64;
+  const hn::Vec<DU> vm = hn::Set(du, m);
+  const auto even = hn::MulEven(a, vm);                                              // a0·m, a2·m, ...
+  const auto odd = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(du64, a))), vm);  // a1·m, ...
+  hi = hn::OddEven(hn::BitCast(du, odd), hn::BitCast(du, hn::ShiftRight<32>(even)));
+  lo = hn::Mul(a, vm);
+}
+#endif
+
+void DropoutTile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, uint32_t j0, size_t cols, double p,
+                 float kept, float* factor, size_t stride) {
+#if HWY_TARGET == HWY_SCALAR
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c)
+      factor[r * stride + c] =
+          dropout_keep(seed, batch_head, i0 + static_cast<uint32_t>(r), j0 + static_cast<uint32_t>(c), p) ? kept : 0.0f;
+#else
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const size_t N = hn::Lanes(d);
+  // Kept when uniform = (bits >> 8)·2⁻²⁴ >= p, i.e. when the integer bits >> 8 > ceil(p·2²⁴) − 1
+  // (exact: p·2²⁴ is p with a shifted exponent). Both sides fit in an int32.
+  const auto threshold = hn::Set(di, static_cast<int32_t>(std::ceil(p * 16777216.0)) - 1);
+  const uint32_t bh_lo = static_cast<uint32_t>(batch_head), bh_hi = static_cast<uint32_t>(batch_head >> 32);
+  using VU = hn::Vec<decltype(du)>;
+  // Four counter vectors in flight: ten dependent rounds of multiplies make a long latency chain
+  // (measured: 2 streams 1.3x, 4 streams 1.45x the speed of one).
+  constexpr size_t kStreams = 4;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c0 = 0; c0 < cols; c0 += kStreams * N) {
+      VU c[kStreams][4];
+      for (size_t k = 0; k < kStreams; ++k) {
+        c[k][0] = hn::Add(hn::Iota(du, j0), hn::Set(du, static_cast<uint32_t>(c0 + k * N)));
+        c[k][1] = hn::Set(du, i0 + static_cast<uint32_t>(r));
+        c[k][2] = hn::Set(du, bh_lo);
+        c[k][3] = hn::Set(du, bh_hi);
+      }
+      uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+      for (int round = 0; round < 10; ++round) {
+        const VU key0 = hn::Set(du, k0), key1 = hn::Set(du, k1);
+        for (size_t k = 0; k < kStreams; ++k) {
+          VU hi0, lo0, hi1, lo1;
+          MulHiLo(du, c[k][0], 0xD2511F53u, hi0, lo0);
+          MulHiLo(du, c[k][2], 0xCD9E8D57u, hi1, lo1);
+          c[k][0] = hn::Xor(hn::Xor(hi1, c[k][1]), key0);
+          c[k][1] = lo1;
+          c[k][2] = hn::Xor(hn::Xor(hi0, c[k][3]), key1);
+          c[k][3] = lo0;
+        }
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+      }
+      for (size_t k = 0; k < kStreams && c0 + k * N < cols; ++k) {
+        const auto keep = hn::Gt(hn::BitCast(di, hn::ShiftRight<8>(c[k][0])), threshold);
+        const VF out = hn::IfThenElseZero(hn::RebindMask(d, keep), hn::Set(d, kept));
+        const size_t start = c0 + k * N, n = std::min(N, cols - start);
+        if (n == N) {
+          hn::StoreU(out, d, factor + r * stride + start);
+        } else {
+          HWY_ALIGN float lanes[hn::MaxLanes(d)];
+          hn::Store(out, d, lanes);
+          std::copy_n(lanes, n, factor + r * stride + start);
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace mha::attention::detail::cpu_flash::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard

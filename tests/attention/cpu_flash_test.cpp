@@ -1,0 +1,401 @@
+// The cpu_flash backend against the reference, under the FlashAttention rule: on the same float
+// inputs, with ref64 the reference run in double and ref32 the reference run in float,
+//   max|flash − ref64| <= 2·max|ref32 − ref64| + 1e-6
+// for the output, the logsumexp and the three gradients. The sweep covers the sequence lengths
+// and head sizes of the contract (every length as L and as S with every head size), every mask
+// kind and broadcast shape, both causal alignments, GQA, dropout, custom and negative scales and
+// fully masked rows; then the weights, bitwise determinism across thread counts, the edge cases
+// (huge finite mask fill, NaN rows), bad input, and every SIMD target compiled in.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../../src/attention/cpu_flash/cpu_flash.h"  // internal: the SIMD target list and pinning
+#include "../support/assertions.h"
+#include "mha/attention/attention.h"
+#include "mha/core/random.h"
+
+namespace mha::attention {
+namespace {
+
+using mha::testing::expect_error;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Masks of the sweep: which tensors are given and the shape they broadcast from.
+enum class MaskKind {
+  none,
+  bool_full,        // attend_mask (B, Hq, L, S)
+  bool_2d,          // attend_mask (L, S)
+  bool_keys,        // attend_mask (S): 1-D, broadcast over everything else
+  bool_padding,     // attend_mask (B, 1, 1, S): key padding
+  additive_2d,      // additive_mask (L, S) with some −inf
+  additive_heads,   // additive_mask (Hq, 1, S)
+  both,             // additive (B, 1, L, S) and attend (L, S)
+  count
+};
+
+struct Case {
+  int64_t batch = 1, q_heads = 2, kv_heads = 1, q_len = 7, k_len = 7, qk_dim = 8, v_dim = 8;
+  MaskKind mask = MaskKind::none;
+  Causal causal = Causal::none;
+  double dropout = 0.0;
+  std::optional<double> scale;
+  bool need_weights = false;
+
+  std::string describe() const {
+    return "B" + std::to_string(batch) + " Hq" + std::to_string(q_heads) + " Hkv" + std::to_string(kv_heads) + " L" +
+           std::to_string(q_len) + " S" + std::to_string(k_len) + " Dqk" + std::to_string(qk_dim) + " Dv" +
+           std::to_string(v_dim) + " mask " + std::to_string(static_cast<int>(mask)) + " causal " +
+           std::to_string(static_cast<int>(causal)) + " dropout " + std::to_string(dropout) +
+           (scale ? " scale " + std::to_string(*scale) : "");
+  }
+};
+
+Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
+  Tensor<float> t(shape);
+  for (auto& x : t.values()) x = static_cast<float>(gen.normal());
+  return t;
+}
+
+// The inputs of one case, in float (what flash and ref32 see) and the masks as float tensors.
+struct Inputs {
+  Tensor<float> q, k, v, dout;
+  std::optional<Tensor<bool>> attend;
+  std::optional<Tensor<float>> additive;
+};
+
+Inputs make_inputs(const Case& c, uint64_t seed) {
+  Generator gen(seed);
+  Inputs in;
+  in.q = random_tensor({c.batch, c.q_heads, c.q_len, c.qk_dim}, gen);
+  in.k = random_tensor({c.batch, c.kv_heads, c.k_len, c.qk_dim}, gen);
+  in.v = random_tensor({c.batch, c.kv_heads, c.k_len, c.v_dim}, gen);
+  in.dout = random_tensor({c.batch, c.q_heads, c.q_len, c.v_dim}, gen);
+  const int64_t B = c.batch, H = c.q_heads, L = c.q_len, S = c.k_len;
+  auto attend = [&](Shape shape) {
+    Tensor<bool> m(std::move(shape));
+    for (auto& x : m.values()) x = gen.uniform() > 0.3;
+    return m;
+  };
+  auto additive = [&](Shape shape) {
+    Tensor<float> m(std::move(shape));
+    for (auto& x : m.values()) x = gen.uniform() < 0.15 ? -kInf : static_cast<float>(gen.normal(0.0, 0.5));
+    return m;
+  };
+  switch (c.mask) {
+    case MaskKind::none: break;
+    case MaskKind::bool_full: in.attend = attend({B, H, L, S}); break;
+    case MaskKind::bool_2d: in.attend = attend({L, S}); break;
+    case MaskKind::bool_keys: in.attend = attend({S}); break;
+    case MaskKind::bool_padding: in.attend = attend({B, 1, 1, S}); break;
+    case MaskKind::additive_2d: in.additive = additive({L, S}); break;
+    case MaskKind::additive_heads: in.additive = additive({H, 1, S}); break;
+    case MaskKind::both:
+      in.additive = additive({B, 1, L, S});
+      in.attend = attend({L, S});
+      break;
+    case MaskKind::count: break;
+  }
+  return in;
+}
+
+template <class T>
+struct Results {
+  ForwardResult<T> fwd;
+  Gradients<T> grads;
+};
+
+template <class T>
+Results<T> run(const Case& c, const Inputs& in, Backend backend) {
+  const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
+  std::optional<Tensor<T>> additive;
+  if (in.additive) additive = mha::cast<T>(*in.additive);
+  Options<T> opt;
+  opt.attend_mask = in.attend ? &*in.attend : nullptr;
+  opt.additive_mask = additive ? &*additive : nullptr;
+  opt.causal = c.causal;
+  opt.scale = c.scale;
+  opt.dropout_p = c.dropout;
+  opt.dropout_seed = 1234;
+  opt.need_weights = c.need_weights;
+  opt.backend = backend;
+  ForwardResult<T> fwd = sdpa_forward(q, k, v, opt);
+  Gradients<T> grads = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, dout, opt);
+  return {std::move(fwd), std::move(grads)};
+}
+
+// max |a − b| where equal infinities and NaN against NaN count as 0 and a NaN on one side only
+// as infinite.
+template <class A, class B>
+double max_diff(const Tensor<A>& a, const Tensor<B>& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    if (x == y || (std::isnan(x) && std::isnan(y))) continue;
+    const double d = std::abs(x - y);
+    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+  }
+  return worst;
+}
+
+// The largest error / allowed error seen, for the report.
+double worst_fraction = 0;
+
+template <class F>
+void expect_flash_rule(const Tensor<F>& flash, const Tensor<F>& ref32, const Tensor<double>& ref64,
+                       const std::string& what) {
+  ASSERT_EQ(flash.shape(), ref64.shape()) << what;
+  const double error = max_diff(flash, ref64), ref_error = max_diff(ref32, ref64);
+  const double allowed = 2 * ref_error + 1e-6;
+  EXPECT_LE(error, allowed) << what << ": cpu_flash error " << error << ", float reference error " << ref_error;
+  worst_fraction = std::max(worst_fraction, error / allowed);
+}
+
+void check_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.describe());
+  const Inputs in = make_inputs(c, seed);
+  const Results<float> flash = run<float>(c, in, Backend::cpu_flash);
+  const Results<float> ref32 = run<float>(c, in, Backend::reference);
+  const Results<double> ref64 = run<double>(c, in, Backend::reference);
+  expect_flash_rule(flash.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
+  expect_flash_rule(flash.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
+  expect_flash_rule(flash.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
+  expect_flash_rule(flash.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
+  expect_flash_rule(flash.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
+  if (c.need_weights) expect_flash_rule(*flash.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
+}
+
+// Every pair (L, S) of lengths with every head size. Masks, causality, GQA, dropout and scale
+// cycle with the case number so that each appears with short, ragged and long sequences.
+TEST(CpuFlash, MatchesReferenceOverTheSweep) {
+  const int64_t lengths[] = {1, 7, 64, 97, 1025};
+  struct Dims {
+    int64_t qk, v;
+  };
+  const Dims dims[] = {{8, 8}, {59, 59}, {64, 64}, {128, 128}, {64, 32}, {24, 59}};
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {6, 1}, {1, 1}};
+  int case_number = 0;
+  for (const Dims& d : dims) {
+    for (int shift = 0; shift < 5; ++shift) {
+      for (int i = 0; i < 5; ++i, ++case_number) {
+        Case c;
+        c.q_len = lengths[i];
+        c.k_len = lengths[(i + shift) % 5];
+        c.qk_dim = d.qk;
+        c.v_dim = d.v;
+        c.batch = 1 + case_number % 2;
+        std::tie(c.q_heads, c.kv_heads) = heads[case_number % 4];
+        c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
+        c.causal = static_cast<Causal>(case_number % 3);
+        if (case_number % 5 == 2) c.dropout = 0.2;
+        if (case_number % 7 == 3) c.scale = 0.3;
+        if (case_number % 7 == 6) c.scale = -0.5;
+        check_case(c, 1000 + static_cast<uint64_t>(case_number));
+      }
+    }
+  }
+  std::cout << "[cpu_flash] sweep of " << case_number << " cases: largest fraction of the allowed error "
+            << worst_fraction << "\n";
+}
+
+// Long sequences on both sides at once, with the features that change the tile walk.
+TEST(CpuFlash, MatchesReferenceOnLongSequences) {
+  Case c;
+  c.q_len = 1025;
+  c.k_len = 1025;
+  c.qk_dim = c.v_dim = 64;
+  c.causal = Causal::top_left;
+  c.mask = MaskKind::additive_2d;
+  check_case(c, 7);
+  c.q_len = 300;
+  c.causal = Causal::bottom_right;
+  c.mask = MaskKind::bool_2d;
+  c.dropout = 0.2;
+  check_case(c, 8);
+}
+
+// L > S bottom-right: the first L − S queries see no key; plus a mask row that blocks everything.
+TEST(CpuFlash, FullyMaskedRowsGiveZeroOutputAndGradient) {
+  Case c;
+  c.q_len = 97;
+  c.k_len = 7;
+  c.qk_dim = c.v_dim = 59;
+  c.causal = Causal::bottom_right;
+  c.mask = MaskKind::bool_2d;
+  check_case(c, 21);
+  Inputs in = make_inputs(c, 21);
+  for (int64_t j = 0; j < c.k_len; ++j) (*in.attend)[96 * c.k_len + j] = false;  // the last row sees nothing
+  const Results<float> flash = run<float>(c, in, Backend::cpu_flash);
+  for (int64_t h = 0; h < c.q_heads; ++h) {
+    for (int64_t i : {int64_t{0}, c.q_len - c.k_len - 1, c.q_len - 1}) {
+      const int64_t row = h * c.q_len + i;
+      EXPECT_EQ(flash.fwd.logsumexp[row], -INFINITY) << "row " << i;
+      for (int64_t d = 0; d < c.v_dim; ++d) EXPECT_EQ(flash.fwd.output[row * c.v_dim + d], 0.0f);
+      for (int64_t d = 0; d < c.qk_dim; ++d) EXPECT_EQ(flash.grads.grad_query[row * c.qk_dim + d], 0.0f);
+    }
+  }
+}
+
+// The (B, Hq, L, S) weights (after dropout), only materialised when asked for.
+TEST(CpuFlash, WeightsMatchReference) {
+  Case c;
+  c.batch = 2;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.q_len = 97;
+  c.k_len = 300;
+  c.qk_dim = c.v_dim = 59;
+  c.need_weights = true;
+  for (MaskKind mask : {MaskKind::none, MaskKind::both}) {
+    c.mask = mask;
+    c.causal = mask == MaskKind::none ? Causal::top_left : Causal::bottom_right;
+    c.dropout = mask == MaskKind::none ? 0.0 : 0.2;
+    check_case(c, 31);
+  }
+}
+
+// The same output and gradients, bit for bit, for 1 and 2 threads, with shapes that split the
+// keys of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12).
+TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
+  Case few;
+  few.q_len = 200;
+  few.k_len = 1025;
+  few.qk_dim = few.v_dim = 64;
+  few.causal = Causal::bottom_right;
+  few.dropout = 0.1;
+  few.mask = MaskKind::additive_2d;
+  Case many = few;
+  many.batch = 2;
+  many.q_heads = 12;
+  many.kv_heads = 6;
+  many.k_len = 97;
+  for (const Case& c : {few, many}) {
+    SCOPED_TRACE(c.describe());
+    const Inputs in = make_inputs(c, 41);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Results<float> one = run<float>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(2);
+    const Results<float> two = run<float>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(threads);
+    auto bitwise_equal = [](const auto& a, const auto& b) {
+      return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), sizeof(a[0]) * static_cast<size_t>(a.numel())) == 0;
+    };
+    EXPECT_TRUE(bitwise_equal(one.fwd.output, two.fwd.output));
+    EXPECT_TRUE(bitwise_equal(one.fwd.logsumexp, two.fwd.logsumexp));
+    EXPECT_TRUE(bitwise_equal(one.grads.grad_query, two.grads.grad_query));
+    EXPECT_TRUE(bitwise_equal(one.grads.grad_key, two.grads.grad_key));
+    EXPECT_TRUE(bitwise_equal(one.grads.grad_value, two.grads.grad_value));
+  }
+}
+
+// A −1e9 fill makes every score of the row −1e9 in float (q·k is rounded away), so P = 1/S:
+// with one query, output = mean(v) and grad_value_j = 1/S. The double logsumexp keeps log S,
+// which a float would round away (then the backward's exp(s − lse) would give P = 1).
+TEST(CpuFlash, HugeFiniteMaskFillKeepsExactGradients) {
+  const int64_t S = 4;
+  Tensor<float> q({1, 1, 1, 2}, {0.3f, -0.2f}), k({1, 1, S, 2}), v({1, 1, S, 1}, {1, 2, 3, 4});
+  for (int64_t i = 0; i < k.numel(); ++i) k[i] = 0.1f * static_cast<float>(i);
+  Tensor<float> additive({1, S}, -1e9f), dout({1, 1, 1, 1}, {1.0f});
+  Options<float> opt;
+  opt.additive_mask = &additive;
+  opt.backend = Backend::cpu_flash;
+  auto r = sdpa_forward(q, k, v, opt);
+  EXPECT_NEAR(r.output[0], 2.5f, 1e-6f);
+  auto g = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
+  for (int64_t j = 0; j < S; ++j) EXPECT_NEAR(g.grad_value[j], 0.25f, 1e-6f) << "key " << j;
+  // dq = scale Σ_j P_j (v_j − o) k_j = (1/√2)(1/4) Σ_j (v_j − 2.5) k_j = (1, 1)/(4√2).
+  for (int64_t d = 0; d < 2; ++d) EXPECT_NEAR(g.grad_query[d], 1 / (4 * std::sqrt(2.0f)), 1e-6f);
+  opt.backend = Backend::reference;
+  auto g_ref = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
+  EXPECT_LT(max_diff(g.grad_key, g_ref.grad_key), 1e-6);
+}
+
+// NaN is not "masked": a NaN query makes its row NaN (output and weights), other rows are clean,
+// as in the reference, on a length that spans several key blocks.
+TEST(CpuFlash, NanPropagatesThroughItsRowOnly) {
+  Generator gen(5);
+  Tensor<float> q = random_tensor({1, 1, 70, 8}, gen), k = random_tensor({1, 1, 600, 8}, gen);
+  Tensor<float> v = random_tensor({1, 1, 600, 3}, gen);
+  q[5 * 8 + 2] = std::nanf("");
+  Options<float> opt;
+  opt.need_weights = true;
+  opt.backend = Backend::cpu_flash;
+  auto r = sdpa_forward(q, k, v, opt);
+  for (int64_t i = 0; i < 70; ++i) {
+    for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(std::isnan(r.output[i * 3 + d]), i == 5) << "row " << i;
+    EXPECT_EQ(std::isnan(r.logsumexp[i]), i == 5);
+    EXPECT_EQ(std::isnan((*r.weights)[i * 600 + 123]), i == 5);
+  }
+}
+
+TEST(CpuFlash, AutomaticPicksCpuFlashForFloatAndReferenceForDouble) {
+  Generator gen(6);
+  Tensor<float> q = random_tensor({1, 2, 33, 16}, gen), k = random_tensor({1, 2, 40, 16}, gen);
+  Tensor<float> v = random_tensor({1, 2, 40, 16}, gen);
+  Options<float> automatic, flash;
+  flash.backend = Backend::cpu_flash;
+  EXPECT_EQ(max_diff(sdpa_forward(q, k, v, automatic).output, sdpa_forward(q, k, v, flash).output), 0.0);
+  const Tensor<double> qd = mha::cast<double>(q), kd = mha::cast<double>(k), vd = mha::cast<double>(v);
+  Options<double> automatic64, reference64;
+  reference64.backend = Backend::reference;
+  EXPECT_EQ(max_diff(sdpa_forward(qd, kd, vd, automatic64).output, sdpa_forward(qd, kd, vd, reference64).output), 0.0);
+}
+
+TEST(CpuFlash, RefusesDouble) {
+  Tensor<double> q({1, 1, 3, 4}), k({1, 1, 5, 4}), v({1, 1, 5, 4});
+  Options<double> opt;
+  opt.backend = Backend::cpu_flash;
+  expect_error([&] { sdpa_forward(q, k, v, opt); }, "options.backend: cpu_flash supports float32 only");
+  auto fwd = sdpa_forward(q, k, v);
+  expect_error([&] { sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, fwd.output, opt); },
+               "options.backend: cpu_flash supports float32 only");
+}
+
+// Every SIMD target compiled in and supported here (AVX-512, AVX2, SSE4, SSSE3, emulated
+// 128-bit or scalar) runs a few sweep cases, so a CI machine without AVX-512 runs the code it
+// will really use, and this machine checks the code paths it would not otherwise take.
+TEST(CpuFlash, EveryCompiledTargetMatchesReference) {
+  const std::vector<std::string> targets = detail::cpu_flash_targets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::string& target : targets) {
+    SCOPED_TRACE("target " + target);
+    detail::force_cpu_flash_target(target);
+    Case c;
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    c.q_len = 97;
+    c.k_len = 300;
+    c.qk_dim = 59;
+    c.v_dim = 24;
+    c.mask = MaskKind::both;
+    c.causal = Causal::top_left;
+    c.need_weights = true;
+    check_case(c, 51);
+    c.mask = MaskKind::none;
+    c.causal = Causal::none;
+    c.dropout = 0.2;
+    c.q_len = 7;
+    c.qk_dim = c.v_dim = 64;
+    check_case(c, 52);
+    // NaN still reaches its row on every target (the exponential relies on no special case).
+    Tensor<float> q({1, 1, 2, 2}, {std::nanf(""), 1.0f, 0.5f, 0.5f}), k({1, 1, 3, 2}, 0.25f), v({1, 1, 3, 1}, 1.0f);
+    Options<float> opt;
+    opt.backend = Backend::cpu_flash;
+    auto r = sdpa_forward(q, k, v, opt);
+    EXPECT_TRUE(std::isnan(r.output[0]));
+    EXPECT_NEAR(r.output[1], 1.0f, 1e-6f);
+  }
+  detail::force_cpu_flash_target("");
+}
+
+}  // namespace
+}  // namespace mha::attention
