@@ -269,7 +269,8 @@ TEST(SdpaReference, DropoutIsSeededScaledAndReproducible) {
   EXPECT_NEAR(fraction, 0.25, 0.03);  // 4096 draws: 3 standard deviations is ~0.02
   // p = 1 drops everything (no 0·inf NaN).
   opt.dropout_p = 1.0;
-  for (double x : sdpa_forward(q, k, v, opt).output.values()) EXPECT_EQ(x, 0.0);
+  const auto dropped_all = sdpa_forward(q, k, v, opt);  // named: a temporary would die before the loop
+  for (double x : dropped_all.output.values()) EXPECT_EQ(x, 0.0);
 }
 
 TEST(SdpaReference, BadInputGivesClearErrors) {

@@ -85,53 +85,35 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
   const size_t keys_padded = round_up(to_size(S), W), dqk_padded = round_up(Dqk, W);
   const size_t Br = kBackwardQueries, Bc = kBackwardKeys;
   const float scale = static_cast<float>(p.scale);
-  constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written below
+  constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
 
-  // Pass 1: per (b, kv head), the B operands in panels: Kᵀ (panels of keys) for S = Q·Kᵀ,
-  // Vᵀ (panels of keys) for dP = dO·Vᵀ, and K (panels of Dqk columns) for dQ += dS·K.
-  const size_t kt_size = keys_padded * Dqk, vt_size = keys_padded * Dv, k_size = dqk_padded * to_size(S);
-  Buffer<float> kt_packed(to_size(B * Hkv) * kt_size, uninitialized);
-  Buffer<float> vt_packed(to_size(B * Hkv) * vt_size, uninitialized);
-  Buffer<float> k_packed(to_size(B * Hkv) * k_size, uninitialized);
-#pragma omp parallel for schedule(static)
-  for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-    const float* k_head = key.data() + kv * S * p.qk_head_dim;
-    pack_transposed(k_head, Dqk, to_size(S), Dqk, kt_packed.data() + to_size(kv) * kt_size);
-    pack_transposed(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, vt_packed.data() + to_size(kv) * vt_size);
-    pack_rows(k_head, Dqk, to_size(S), Dqk, k_packed.data() + to_size(kv) * k_size);
-  }
-
-  // Pass 2: per (b, query head), the A operands Qᵀ (Dqk × L) and dOᵀ (Dv × L), and logsumexp
-  // split into two floats per row (hi + lo; hi = +inf marks a fully masked row). The row stride
-  // of Qᵀ and dOᵀ is L padded off a power of two: the micro-kernel reads 6 of their rows at
-  // once, and rows 2^k bytes apart would all fall in the same L1 cache set.
-  const size_t rows_total = to_size(B * Hq * L);
-  const size_t lt = round_up(to_size(L), 16) + 16;
-  Buffer<float> qt(to_size(B * Hq) * Dqk * lt, uninitialized), dot(to_size(B * Hq) * Dv * lt, uninitialized);
-  Buffer<float> lse_hi(rows_total, uninitialized), lse_lo(rows_total, uninitialized);
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * Hq; ++bh) {
-    transpose(query.data() + bh * L * p.qk_head_dim, to_size(L), Dqk, qt.data() + to_size(bh) * Dqk * lt, lt);
-    transpose(grad_output.data() + bh * L * p.v_head_dim, to_size(L), Dv, dot.data() + to_size(bh) * Dv * lt, lt);
-    for (int64_t i = bh * L; i < (bh + 1) * L; ++i) split_logsumexp(logsumexp[i], lse_hi[to_size(i)], lse_lo[to_size(i)]);
-  }
-
-  // Pass 3: tasks (b, kv head, chunk of (query head, query block) pairs), each with its own
-  // dKᵀ (Dqk × S) and dVᵀ (Dv × S) accumulators. Rows that span every key (those and the
-  // P, dS blocks) have a stride off a power of two, for the same reason as Qᵀ, dOᵀ: P and dS are
-  // the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in L1.
+  // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). Rows that span
+  // every key (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a stride off a power of
+  // two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in L1, and
+  // rows 2^k bytes apart would all fall in the same L1 cache set.
   const size_t key_stride = keys_padded + 16;
   const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
   const Chunks chunks = split_items(B * Hkv, G * query_blocks);
-  const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ, one (b, kv head, chunk)
-  Buffer<float> kvt_partial(to_size(chunks.count * B * Hkv) * kvt_size);
-  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
   const int64_t tasks = B * Hkv * chunks.count;
+  const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ of one task
+  // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
+  Buffer<float> kvt_partial(chunks.count > 1 ? to_size(tasks) * kvt_size : 0, uninitialized);
+  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
 #pragma omp parallel
   {
-    const size_t row_block = Br * key_stride;  // one block of query rows × every key
+    // The B operands of the task's kv head, in panels: Kᵀ (panels of keys) for S = Q·Kᵀ, Vᵀ
+    // (panels of keys) for dP = dO·Vᵀ, K (panels of Dqk columns) for dQ += dS·K; and the task's
+    // accumulators. All O(S·d) per thread.
+    Buffer<float> kt_packed(keys_padded * Dqk, uninitialized), vt_packed(keys_padded * Dv, uninitialized);
+    Buffer<float> k_packed(dqk_padded * to_size(S), uninitialized), kvt(kvt_size);
+    float* dkt = kvt.data();
+    float* dvt = dkt + Dqk * key_stride;
+    // One block of query rows × every key (O(Br·S) per thread), and the block's A operands:
+    // scale·Q for S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
+    const size_t row_block = Br * key_stride;
     Buffer<float> probs(row_block), dprobs(row_block), bias(masked ? row_block : 0), factors(dropout ? row_block : 0);
-    Buffer<float> q_scaled(Br * Dqk), dq(Br * dqk_padded), delta(Br);
+    Buffer<float> q_scaled(Br * Dqk, uninitialized), qt(Dqk * Br), dot(Dv * Br);
+    Buffer<float> dq(Br * dqk_padded), delta(Br), lse_hi(Br), lse_lo(Br);
     Buffer<double> row_dot(Br), row_mass(Br);
     Buffer<int64_t> visible(Br);
 
@@ -139,11 +121,11 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
       const int64_t b = kv / Hkv;
-      const float* kt_head = kt_packed.data() + to_size(kv) * kt_size;
-      const float* vt_head = vt_packed.data() + to_size(kv) * vt_size;
-      const float* k_head = k_packed.data() + to_size(kv) * k_size;
-      float* dkt = kvt_partial.data() + to_size(chunk * B * Hkv + kv) * kvt_size;
-      float* dvt = dkt + Dqk * key_stride;
+      const float* k_head = key.data() + kv * S * p.qk_head_dim;
+      pack_transposed(k_head, Dqk, to_size(S), Dqk, kt_packed.data());
+      pack_transposed(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, vt_packed.data());
+      pack_rows(k_head, Dqk, to_size(S), Dqk, k_packed.data());
+      std::fill(kvt.data(), kvt.data() + kvt_size, 0.0f);
       const int64_t first_item = chunk * chunks.items_per_chunk;
       const int64_t end_item = std::min(G * query_blocks, first_item + chunks.items_per_chunk);
 
@@ -155,18 +137,23 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
         // Keys these queries see: all, or up to the causal limit of the last one.
         const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
         auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(keys_seen - j0)); };
+        const float* q_block = query.data() + row0 * Dqk;
+        const float* dout_block = grad_output.data() + row0 * Dv;
+        transpose(q_block, rows, Dqk, qt.data(), Br);
+        transpose(dout_block, rows, Dv, dot.data(), Br);
+        for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * q_block[e];
+        for (size_t r = 0; r < rows; ++r) split_logsumexp(logsumexp[static_cast<int64_t>(row0 + r)], lse_hi[r], lse_lo[r]);
 
-        // Pass A: P and dP∘Z for every key block, and D = Σ_j P∘dP∘Z. The scores are those of
-        // the forward, (scale·Q)·Kᵀ with the same products in the same order.
-        for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * query.data()[row0 * Dqk + e];
+        // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are those
+        // of the forward, (scale·Q)·Kᵀ with the same products in the same order.
         std::fill(row_dot.data(), row_dot.data() + rows, 0.0);
         std::fill(row_mass.data(), row_mass.data() + rows, 0.0);
         for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
           const size_t cols = block_cols(j0), c0 = to_size(j0);
-          gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_head + c0 * Dqk, W, Dqk * W},
+          gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + c0 * Dqk, W, Dqk * W},
                {probs.data() + c0, key_stride}, false);
-          gemm(rows, cols, Dv, {grad_output.data() + row0 * Dv, Dv}, {vt_head + c0 * Dv, W, Dv * W},
-               {dprobs.data() + c0, key_stride}, false);
+          gemm(rows, cols, Dv, {dout_block, Dv}, {vt_packed.data() + c0 * Dv, W, Dv * W}, {dprobs.data() + c0, key_stride},
+               false);
           ScoreTile t{probs.data() + c0, key_stride, rows, cols};
           if (masked) {
             fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data() + c0, key_stride);
@@ -180,8 +167,7 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data() + c0, key_stride);
             t.dropout = factors.data() + c0;
           }
-          probabilities_tile(t, lse_hi.data() + row0, lse_lo.data() + row0, dprobs.data() + c0, row_dot.data(),
-                             row_mass.data());
+          probabilities_tile(t, lse_hi.data(), lse_lo.data(), dprobs.data() + c0, row_dot.data(), row_mass.data());
         }
         // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and
         // of each exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish
@@ -197,35 +183,47 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
           float* block_ds = dprobs.data() + c0;
           score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
                                dropout ? factors.data() + c0 : nullptr);
-          gemm(Dv, cols, rows, {dot.data() + to_size(bh) * Dv * lt + to_size(i0), lt}, {block_probs, key_stride, W},
-               {dvt + c0, key_stride}, true);
-          gemm(Dqk, cols, rows, {qt.data() + to_size(bh) * Dqk * lt + to_size(i0), lt}, {block_ds, key_stride, W},
-               {dkt + c0, key_stride}, true);
-          gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_head + c0 * W, W, to_size(S) * W}, {dq.data(), dqk_padded},
-               true);
+          gemm(Dv, cols, rows, {dot.data(), Br}, {block_probs, key_stride, W}, {dvt + c0, key_stride}, true);
+          gemm(Dqk, cols, rows, {qt.data(), Br}, {block_ds, key_stride, W}, {dkt + c0, key_stride}, true);
+          gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_packed.data() + c0 * W, W, to_size(S) * W},
+               {dq.data(), dqk_padded}, true);
         }
         // These query rows belong to this task alone: dQ = scale·dS·K.
         for (size_t r = 0; r < rows; ++r)
           for (size_t d = 0; d < Dqk; ++d) grads.grad_query.data()[(row0 + r) * Dqk + d] = scale * dq[r * dqk_padded + d];
       }
+
+      // The task's dKᵀ, dVᵀ: the whole gradient of its kv head (dK = scale·dKᵀᵀ, dV = dVᵀᵀ), or
+      // one chunk's part of it.
+      if (chunks.count == 1) {
+        float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
+        float* dv = grads.grad_value.data() + kv * S * p.v_head_dim;
+        for (size_t j = 0; j < to_size(S); ++j) {
+          for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] = scale * dkt[d * key_stride + j];
+          for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] = dvt[d * key_stride + j];
+        }
+      } else {
+        std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
+      }
     }
   }
 
-  // Pass 4: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ, summed in chunk order.
+  // With chunks: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ, summed in chunk order.
+  if (chunks.count > 1) {
 #pragma omp parallel for schedule(static)
-  for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-    for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
-      const float* dkt = kvt_partial.data() + to_size(chunk * B * Hkv + kv) * kvt_size;
-      const float* dvt = dkt + Dqk * key_stride;
+    for (int64_t kv = 0; kv < B * Hkv; ++kv) {
       float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
       float* dv = grads.grad_value.data() + kv * S * p.v_head_dim;
-      for (size_t j = 0; j < to_size(S); ++j) {
-        for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt[d * key_stride + j];
-        for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt[d * key_stride + j];
+      for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
+        const float* dkt = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
+        const float* dvt = dkt + Dqk * key_stride;
+        for (size_t j = 0; j < to_size(S); ++j) {
+          for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt[d * key_stride + j];
+          for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt[d * key_stride + j];
+        }
       }
+      for (int64_t e = 0; e < S * p.qk_head_dim; ++e) dk[e] *= scale;
     }
-    float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
-    for (int64_t e = 0; e < S * p.qk_head_dim; ++e) dk[e] *= scale;
   }
   return grads;
 }

@@ -7,8 +7,10 @@
 //   backward recomputes the probabilities block by block from logsumexp, in tasks that each own
 //            a range of keys (and so their dK, dV rows) for all the query heads of a GQA group.
 //
-// Extra memory: packed copies of the inputs (O(L·d + S·d)) and per-thread tiles; L×S only when
-// the weights are asked for. Results are bitwise the same for any number of threads.
+// Extra memory: per thread, packed copies of one kv head (O(S·d)) and tiles (forward O(Br·Bc),
+// backward O(Br·S)); in the backward of a call with few (b, kv head) pairs, per-chunk partial
+// dK, dV (at most 8 copies of their size). L×S only when the weights are asked for. Results are
+// bitwise the same for any number of threads.
 // The SIMD code is chosen at run time among the targets the CPU supports (Highway dynamic
 // dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code).
 #include <string>

@@ -1,6 +1,6 @@
 // cpu_flash forward: FlashAttention-2's loop, one task per block of query rows.
 //
-//   for each block of Br queries (a task; tasks run in parallel, each writes only its rows):
+//   for each block of Br queries (a task):
 //     m = −inf, l = 0, O = 0                                     (per row)
 //     for each block of Bc keys the block can see:
 //       S = scale·Q·Kᵀ + masks                                   (Br × Bc, never more)
@@ -37,25 +37,20 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
   const size_t Br = kForwardQueries, Bc = kForwardKeys;
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
-  // Pass 1: per (b, kv head), the B operands in panels: Kᵀ (Dqk × S, panels of keys) for
-  // S = Q·Kᵀ and V (S × Dv, panels of value columns) for O += P·V. Linear in S: the one copy
-  // serves every query block (and every query head of the GQA group).
-  const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
-  Buffer<float> kt_packed(to_size(B * Hkv) * kt_size, Buffer<float>::Uninitialized);
-  Buffer<float> v_packed(to_size(B * Hkv) * v_size, Buffer<float>::Uninitialized);
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
-    pack_transposed(key.data() + bh * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt_packed.data() + to_size(bh) * kt_size);
-    pack_rows(value.data() + bh * S * p.v_head_dim, Dv, to_size(S), Dv, v_packed.data() + to_size(bh) * v_size);
-  }
-
-  // Pass 2: one task per (b, h, block of Br queries).
+  // One task per (b, h, block of Br queries); tasks run in parallel, each writes only its rows.
   const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
   const int64_t tasks = B * Hq * query_blocks;
   const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
   const size_t tile = Br * Bc;  // row stride Bc, a multiple of 64, so of W
 #pragma omp parallel
   {
+    // The B operands of one (b, kv head), in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ
+    // and V (S × Dv, panels of value columns) for O += P·V. Packed by each thread when its task
+    // moves to another kv head (consecutive tasks mostly share one), so the extra memory is
+    // O(S·d) per thread, not a copy of every head.
+    Buffer<float> kt_packed(keys_padded * Dqk, Buffer<float>::Uninitialized);
+    Buffer<float> v_packed(dv_padded * to_size(S), Buffer<float>::Uninitialized);
+    int64_t packed_kv = -1;
     Buffer<float> scores(tile), bias(masked ? tile : 0), factors(dropout ? tile : 0), out(Br * dv_padded);
     Buffer<float> q_scaled(Br * Dqk), row_max(Br), lse_hi(Br), lse_lo(Br);
     Buffer<double> row_sum(Br);
@@ -64,9 +59,9 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
     // The score tile of queries [i0, i0 + rows) × keys [j0, j0 + cols): S = (scale·Q)·Kᵀ (the
     // block's queries are scaled once, in q_scaled), and the additions the kernels apply on top.
     auto score_tile = [&](int64_t bh, int64_t i0, size_t rows, int64_t j0, size_t cols) {
-      const int64_t b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
-      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk},
-           {kt_packed.data() + to_size(kv) * kt_size + to_size(j0) * Dqk, W, Dqk * W}, {scores.data(), Bc}, false);
+      const int64_t b = bh / Hq, h = bh % Hq;
+      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + to_size(j0) * Dqk, W, Dqk * W},
+           {scores.data(), Bc}, false);
       ScoreTile t{scores.data(), Bc, rows, cols};
       if (masked) {
         fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data(), Bc);
@@ -89,6 +84,11 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       const int64_t i0 = (task % query_blocks) * static_cast<int64_t>(Br);
       const size_t rows = std::min<size_t>(Br, to_size(L - i0));
       const int64_t i_last = i0 + static_cast<int64_t>(rows) - 1;
+      if (kv != packed_kv) {
+        pack_transposed(key.data() + kv * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt_packed.data());
+        pack_rows(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, v_packed.data());
+        packed_kv = kv;
+      }
       std::fill(row_max.data(), row_max.data() + rows, neg_inf);
       std::fill(row_sum.data(), row_sum.data() + rows, 0.0);
       std::fill(out.data(), out.data() + rows * dv_padded, 0.0f);
@@ -102,7 +102,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
         const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
         const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
         online_softmax_tile(t, row_max.data(), row_sum.data(), out.data(), dv_padded, Dv);
-        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed.data() + to_size(kv) * v_size + to_size(j0) * W, W, to_size(S) * W},
+        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed.data() + to_size(j0) * W, W, to_size(S) * W},
              {out.data(), dv_padded}, true);
       }
 

@@ -21,9 +21,11 @@ namespace mha::attention::detail::cpu_flash {
 //   forward:  a task is kForwardQueries query rows, which walk the keys kForwardKeys at a time;
 //             the score tile (96 × 256 floats, 96 KiB) and the output accumulator live in L2.
 //   backward: blocks of kBackwardQueries rows, walking the keys kBackwardKeys at a time.
-// Measured on the 2-core AVX-512 machine (B=4, H=8, L=S=2048, d=64): the forward within 3% for
-// Br in {64, 72, 96, 120} × Bc in {192, 256, 384, 512}, best at 96 × 256; the backward within
-// 5% for Br in {64, 96, 128, 192} × Bc in {128, 256}.
+// Measured on the 2-core AVX-512 machine (B=4, H=8, L=S=2048, d=64, 2 threads): over Br in
+// {64, 72, 96, 120} × Bc in {192, 256, 384, 512} the forward moved by less than the machine's
+// run-to-run noise (~5%) except 64-row blocks (a ragged 4-row strip: ~3% slower); the backward
+// likewise over Br in {48, 64, 96, 128, 192} × Bc in {128, 256} (d = 128 leans to Br = 192,
+// which doubles the per-thread row blocks).
 constexpr size_t kForwardQueries = 96;
 constexpr size_t kForwardKeys = 256;
 constexpr size_t kBackwardQueries = 96;
@@ -35,7 +37,7 @@ inline size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / 
 inline size_t to_size(int64_t x) { return static_cast<size_t>(x); }
 
 // A 64-byte aligned array of floats (or doubles, int64), zero-filled unless the caller writes
-// every element itself (Uninitialized: the big packed copies, filled by the packers).
+// every element itself (Uninitialized: packed copies, filled by the packers).
 template <class T>
 class Buffer {
  public:
