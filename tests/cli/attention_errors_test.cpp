@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 
+#include "../support/cli.h"
 #include "mha/core/safetensors.h"
 
 namespace mha {
@@ -16,21 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace st = mha::safetensors;
 
-struct CliResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-CliResult run_cli(const std::string& arguments) {
-  const std::string command = std::string(MHA_CLI_PATH) + " " + arguments + " 2>&1";
-  CliResult r{0, {}};
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using mha::testing::CliResult;
+using mha::testing::run_cli;
 
 class AttentionCliErrors : public ::testing::Test {
  protected:

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../support/cli.h"
 #include "../support/golden.h"
 
 namespace mha {
@@ -13,10 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run_cli(const std::string& arguments) {
-  const std::string command = std::string(MHA_CLI_PATH) + " " + arguments + " 2>&1";
-  return std::system(command.c_str());
-}
 
 class AttentionCliGolden : public ::testing::TestWithParam<fs::path> {};
 
@@ -32,7 +29,8 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
     const std::string command = "attention " + args + " --dtype " + dtype + " --weights " +
                                 (dir / "weights.safetensors").string() + " --inputs " +
                                 (dir / "inputs.safetensors").string() + " --output " + out.string();
-    ASSERT_EQ(run_cli(command), 0) << "mha " << command;
+    const testing::CliResult run = testing::run_cli(command);
+    ASSERT_EQ(run.exit_code, 0) << "mha " << command << "\n" << run.output;
     const double worst = testing::expect_matches_golden(safetensors::load(out), expected, torch32,
                                                         dir.filename().string() + " " + dtype,
                                                         std::string(dtype) == "float64" ? 1e-10 : 0.0);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "../support/cli.h"
 #include "mha/core/safetensors.h"
 #include "mha/viz/heatmap.h"
 
@@ -18,21 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace st = mha::safetensors;
 
-struct CliResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-CliResult run_cli(const std::string& arguments) {
-  const std::string command = std::string(MHA_CLI_PATH) + " " + arguments + " 2>&1";
-  CliResult r{0, {}};
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using mha::testing::CliResult;
+using mha::testing::run_cli;
 
 bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
