@@ -7,12 +7,14 @@
 #include <string_view>
 
 #include "bitmap_font.h"
+#include "canvas.h"
 #include "mha/core/error.h"
 
 namespace mha::viz {
 namespace {
 
-using Colour = std::array<uint8_t, 3>;
+using detail::Canvas;
+using detail::Colour;
 constexpr Colour kWhite = {255, 255, 255};
 constexpr Colour kInk = {34, 34, 34};
 constexpr Colour kGrid = {225, 225, 225};
@@ -20,63 +22,6 @@ constexpr Colour kAxis = {120, 120, 120};
 constexpr Colour kTrainColour = {31, 119, 180};  // matplotlib's first two colours
 constexpr Colour kTestColour = {255, 127, 14};
 
-class Canvas {
- public:
-  Canvas(int width, int height) {
-    image_.width = width;
-    image_.height = height;
-    image_.rgb.assign(static_cast<size_t>(width) * static_cast<size_t>(height) * 3, 255);
-  }
-  void fill(int x, int y, int w, int h, const Colour& c) {
-    const int x0 = std::max(x, 0), x1 = std::min(x + w, image_.width);
-    const int y0 = std::max(y, 0), y1 = std::min(y + h, image_.height);
-    for (int row = y0; row < y1; ++row)
-      for (int col = x0; col < x1; ++col)
-        std::copy(c.begin(), c.end(), &image_.rgb[(static_cast<size_t>(row) * static_cast<size_t>(image_.width) +
-                                                   static_cast<size_t>(col)) * 3]);
-  }
-  // A line `thickness` pixels wide from (x0, y0) to (x1, y1) (Bresenham, square brush).
-  void line(int x0, int y0, int x1, int y1, const Colour& c, int thickness = 1) {
-    const int dx = std::abs(x1 - x0), sx = x0 < x1 ? 1 : -1, dy = -std::abs(y1 - y0), sy = y0 < y1 ? 1 : -1;
-    int err = dx + dy;
-    for (;;) {
-      fill(x0 - thickness / 2, y0 - thickness / 2, thickness, thickness, c);
-      if (x0 == x1 && y0 == y1) break;
-      const int e2 = 2 * err;
-      if (e2 >= dy) {
-        err += dy;
-        x0 += sx;
-      }
-      if (e2 <= dx) {
-        err += dx;
-        y0 += sy;
-      }
-    }
-  }
-  void text(int x, int y, std::string_view s, int scale, const Colour& c) {
-    draw(s, scale, c, [&](int along, int across) { return std::pair{x + along, y + across}; });
-  }
-  // Read bottom to top, starting at y_bottom; the tops of the characters face left (towards x).
-  void text_up(int x, int y_bottom, std::string_view s, int scale, const Colour& c) {
-    draw(s, scale, c, [&](int along, int across) { return std::pair{x + across, y_bottom - along - scale}; });
-  }
-  Image take() { return std::move(image_); }
-
- private:
-  template <class Place>
-  void draw(std::string_view s, int scale, const Colour& c, Place place) {
-    for (size_t k = 0; k < s.size(); ++k) {
-      const font::Glyph& glyph = font::glyph(s[k]);
-      for (int column = 0; column < font::kGlyphWidth; ++column)
-        for (int row = 0; row < font::kGlyphHeight; ++row)
-          if (glyph[static_cast<size_t>(column)] >> row & 1) {
-            const auto [px, py] = place((static_cast<int>(k) * font::kAdvance + column) * scale, row * scale);
-            fill(px, py, scale, scale, c);
-          }
-    }
-  }
-  Image image_;
-};
 
 int text_width(std::string_view s, int scale) { return font::text_width(s.size()) * scale; }
 

@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "bitmap_font.h"
+#include "canvas.h"
 #include "mha/core/error.h"
 
 namespace mha::viz {
 namespace {
 
-using Colour = std::array<uint8_t, 3>;
+using detail::Canvas;
+using detail::Colour;
 
 // Layout, in pixels. Text is the 5×8 bitmap font scaled up: kTextScale gives 10×16-pixel characters.
 constexpr int kMargin = 16;     // around the picture
@@ -172,64 +174,6 @@ Plan make_plan(const Shape& shape, const HeatmapOptions& options) {
   return plan;
 }
 
-// Drawing primitives on an RGB image; everything is clipped to the image.
-class Canvas {
- public:
-  Canvas(int width, int height) {
-    image_.width = width;
-    image_.height = height;
-    image_.rgb.resize(static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
-    fill(0, 0, width, height, kBackground);
-  }
-
-  void fill(int x, int y, int w, int h, const Colour& colour) {
-    const int x0 = std::max(x, 0), x1 = std::min(x + w, image_.width);
-    const int y0 = std::max(y, 0), y1 = std::min(y + h, image_.height);
-    for (int row = y0; row < y1; ++row) {
-      uint8_t* p = &image_.rgb[(static_cast<size_t>(row) * static_cast<size_t>(image_.width) + x0) * 3];
-      for (int col = x0; col < x1; ++col, p += 3) std::copy(colour.begin(), colour.end(), p);
-    }
-  }
-
-  // A one-pixel rectangle just outside the box (x, y, w, h).
-  void frame(int x, int y, int w, int h, const Colour& colour) {
-    fill(x - 1, y - 1, w + 2, 1, colour);
-    fill(x - 1, y + h, w + 2, 1, colour);
-    fill(x - 1, y, 1, h, colour);
-    fill(x + w, y, 1, h, colour);
-  }
-
-  // Horizontal text with its top-left corner at (x, y).
-  void text(int x, int y, std::string_view s, int scale, const Colour& colour) {
-    draw(s, scale, colour, [&](int along, int across) { return std::pair{x + along, y + across}; });
-  }
-
-  // Text turned a quarter turn anticlockwise, read bottom to top: it starts at y_bottom and
-  // the tops of the characters face left, towards x.
-  void text_up(int x, int y_bottom, std::string_view s, int scale, const Colour& colour) {
-    draw(s, scale, colour, [&](int along, int across) { return std::pair{x + across, y_bottom - along - scale}; });
-  }
-
-  Image take() { return std::move(image_); }
-
- private:
-  // place(along, across) gives the top-left pixel of the scale×scale square for font pixel
-  // (along, across), measured along the line of text and across it.
-  template <class Place>
-  void draw(std::string_view s, int scale, const Colour& colour, Place place) {
-    for (size_t k = 0; k < s.size(); ++k) {
-      const font::Glyph& glyph = font::glyph(s[k]);
-      for (int column = 0; column < font::kGlyphWidth; ++column)
-        for (int row = 0; row < font::kGlyphHeight; ++row)
-          if (glyph[static_cast<size_t>(column)] >> row & 1) {
-            const auto [px, py] = place((static_cast<int>(k) * font::kAdvance + column) * scale, row * scale);
-            fill(px, py, scale, scale, colour);
-          }
-    }
-  }
-
-  Image image_;
-};
 
 void draw_panel(Canvas& canvas, const Plan& plan, int64_t head, const float* weights, int64_t& nan_count) {
   const HeatmapLayout& layout = plan.layout;
