@@ -222,6 +222,37 @@ TEST(CpuFlash, MatchesReferenceOnLongSequences) {
   check_case(c, 8);
 }
 
+// More keys than kLongKeys (16384): the forward shares one packed kv head between threads and
+// the backward takes the keys in segments with D from a first sweep. Few queries keep the
+// reference cheap; GQA, masks, both causal alignments, dropout and ragged sizes all cross the
+// segment boundaries (4096 keys).
+TEST(CpuFlash, MatchesReferenceOnLongKeySequences) {
+  Case c;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.q_len = 100;
+  c.k_len = 16385 + 97;
+  c.qk_dim = 59;
+  c.v_dim = 24;
+  c.mask = MaskKind::bool_padding;
+  check_case(c, 51);
+  c.batch = 2;
+  c.q_len = 7;
+  c.causal = Causal::bottom_right;
+  c.mask = MaskKind::additive_heads;
+  c.dropout = 0.2;
+  check_case(c, 52);
+  c.batch = 1;
+  c.q_len = 4500;  // top-left: the first 4096 queries see only the first segment, none the last three
+  c.k_len = 16385;
+  c.q_heads = c.kv_heads = 1;
+  c.qk_dim = c.v_dim = 8;
+  c.causal = Causal::top_left;
+  c.mask = MaskKind::none;
+  c.dropout = 0.0;
+  check_case(c, 53);
+}
+
 // L > S bottom-right: the first L − S queries see no key; plus a mask row that blocks everything.
 TEST(CpuFlash, FullyMaskedRowsGiveZeroOutputAndGradient) {
   Case c;
@@ -263,7 +294,7 @@ TEST(CpuFlash, WeightsMatchReference) {
 }
 
 // The same output and gradients, bit for bit, for 1 and 2 threads, with shapes that split the
-// keys of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12).
+// keys of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12), and with long keys.
 TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
   Case few;
   few.q_len = 200;
@@ -277,7 +308,10 @@ TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
   many.q_heads = 12;
   many.kv_heads = 6;
   many.k_len = 97;
-  for (const Case& c : {few, many}) {
+  Case long_keys = few;  // segmented backward, shared packs in the forward
+  long_keys.q_len = 50;
+  long_keys.k_len = 16385 + 300;
+  for (const Case& c : {few, many, long_keys}) {
     SCOPED_TRACE(c.describe());
     const Inputs in = make_inputs(c, 41);
     const int threads = omp_get_max_threads();

@@ -6,6 +6,7 @@
 // FLOPs as FlashAttention counts them: forward 4·B·H·L·S·d (halved when causal), backward 2.5×.
 #include "bench_command.h"
 
+#include <malloc.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -63,7 +64,10 @@ int64_t status_bytes(const char* field) {
 }
 
 // Peak resident memory of run() above what was resident before it, in bytes. Writing "5" to
-// clear_refs resets the kernel's peak (VmHWM) to the current RSS.
+// clear_refs resets the kernel's peak (VmHWM) to the current RSS. glibc keeps freed blocks of up
+// to 32 MiB in its heap once a block that size was freed (its mmap threshold adapts), so a call
+// could reuse memory that is already resident and look free; run_bench sets a fixed threshold so
+// that every block over 1 MiB is mapped on allocation and returned on free.
 int64_t extra_peak_bytes(const std::function<void()>& run) {
   { std::ofstream("/proc/self/clear_refs") << "5"; }
   const int64_t before = status_bytes("VmRSS:");
@@ -99,6 +103,7 @@ double sgemm_gflops(int repeats) {
 }
 
 void run_bench(const BenchArgs& args) {
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // see extra_peak_bytes
   const attention::Backend backend = parse_backend(args.backend);
   nlohmann::json report;
   report["threads"] = omp_get_max_threads();

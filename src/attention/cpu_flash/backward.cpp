@@ -18,6 +18,12 @@
 //   pass B  dS = P∘(dP − D); dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K
 // still five matrix products per tile, and O(Br·S) scratch per thread, never L×S.
 //
+// Long key sequences (S > kLongKeys, tiles.h) would make that O(Br·S) scratch and the per-task
+// dKᵀ, dVᵀ large, so the keys are taken in segments of kBackwardKeySegment: a first sweep over
+// the segments runs pass A only, to sum D's two sums over all keys (the same tiles in the same
+// order, so the same D); the second sweep runs passes A and B segment by segment, each task
+// adding its segment's part of dQ. Seven products per tile instead of five, O(d·segment) memory.
+//
 // Parallel tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). The query
 // heads of a GQA group are in the same task, so the task's dK, dV accumulators gather them
 // without atomics; each chunk owns its dQ rows and writes its own partial dKᵀ, dVᵀ, summed
@@ -82,34 +88,41 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
   if (B * Hq * L == 0 || S == 0) return grads;
 
   const size_t W = panel_width();
-  const size_t keys_padded = round_up(to_size(S), W), dqk_padded = round_up(Dqk, W);
   const size_t Br = kBackwardQueries, Bc = kBackwardKeys;
   const float scale = static_cast<float>(p.scale);
   constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
 
+  // Key segments: all keys at once, or kBackwardKeySegment at a time for long ones (see above).
+  const bool two_sweeps = S > kLongKeys;
+  const size_t segment = two_sweeps ? kBackwardKeySegment : to_size(S);
+  const int64_t segments = (S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment);
+  const size_t segment_padded = round_up(segment, W), dqk_padded = round_up(Dqk, W);
+
   // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). Rows that span
-  // every key (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a stride off a power of
-  // two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in L1, and
-  // rows 2^k bytes apart would all fall in the same L1 cache set.
-  const size_t key_stride = keys_padded + 16;
+  // a segment's keys (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a stride off a
+  // power of two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in
+  // L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
+  const size_t key_stride = segment_padded + 16;
   const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
   const Chunks chunks = split_items(B * Hkv, G * query_blocks);
   const int64_t tasks = B * Hkv * chunks.count;
   const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ of one task
   // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
   Buffer<float> kvt_partial(chunks.count > 1 ? to_size(tasks) * kvt_size : 0, uninitialized);
+  // Two sweeps: every query row's Σ_j P dP and Σ_j P, summed over all segments by the first.
+  Buffer<double> all_row_dot(two_sweeps ? to_size(B * Hq * L) : 0), all_row_mass(two_sweeps ? to_size(B * Hq * L) : 0);
   const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
 #pragma omp parallel
   {
-    // The B operands of the task's kv head, in panels: Kᵀ (panels of keys) for S = Q·Kᵀ, Vᵀ
-    // (panels of keys) for dP = dO·Vᵀ, K (panels of Dqk columns) for dQ += dS·K; and the task's
-    // accumulators. All O(S·d) per thread.
-    Buffer<float> kt_packed(keys_padded * Dqk, uninitialized), vt_packed(keys_padded * Dv, uninitialized);
-    Buffer<float> k_packed(dqk_padded * to_size(S), uninitialized), kvt(kvt_size);
+    // The B operands of the task's kv head over the segment, in panels: Kᵀ (panels of keys) for
+    // S = Q·Kᵀ, Vᵀ (panels of keys) for dP = dO·Vᵀ, K (panels of Dqk columns) for dQ += dS·K;
+    // and the task's accumulators. All O(segment·d) per thread.
+    Buffer<float> kt_packed(segment_padded * Dqk, uninitialized), vt_packed(segment_padded * Dv, uninitialized);
+    Buffer<float> k_packed(dqk_padded * segment, uninitialized), kvt(kvt_size);
     float* dkt = kvt.data();
     float* dvt = dkt + Dqk * key_stride;
-    // One block of query rows × every key (O(Br·S) per thread), and the block's A operands:
-    // scale·Q for S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
+    // One block of query rows × the segment's keys (O(Br·segment) per thread), and the block's A
+    // operands: scale·Q for S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
     const size_t row_block = Br * key_stride;
     Buffer<float> probs(row_block), dprobs(row_block), bias(masked ? row_block : 0), factors(dropout ? row_block : 0);
     Buffer<float> q_scaled(Br * Dqk, uninitialized), qt(Dqk * Br), dot(Dv * Br);
@@ -117,112 +130,134 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
     Buffer<double> row_dot(Br), row_mass(Br);
     Buffer<int64_t> visible(Br);
 
+    for (int sweep = two_sweeps ? 0 : 1; sweep < 2; ++sweep) {
+      const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
+      for (int64_t seg = 0; seg < segments; ++seg) {
+        const int64_t s0 = seg * static_cast<int64_t>(segment);
+        const size_t seg_keys = std::min<size_t>(segment, to_size(S - s0));
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
-      const int64_t b = kv / Hkv;
-      const float* k_head = key.data() + kv * S * p.qk_head_dim;
-      pack_transposed(k_head, Dqk, to_size(S), Dqk, kt_packed.data());
-      pack_transposed(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, vt_packed.data());
-      pack_rows(k_head, Dqk, to_size(S), Dqk, k_packed.data());
-      std::fill(kvt.data(), kvt.data() + kvt_size, 0.0f);
-      const int64_t first_item = chunk * chunks.items_per_chunk;
-      const int64_t end_item = std::min(G * query_blocks, first_item + chunks.items_per_chunk);
-
-      for (int64_t item = first_item; item < end_item; ++item) {
-        const int64_t h = (kv % Hkv) * G + item / query_blocks, bh = b * Hq + h;
-        const int64_t i0 = (item % query_blocks) * static_cast<int64_t>(Br);
-        const size_t rows = std::min<size_t>(Br, to_size(L - i0));
-        const size_t row0 = to_size(bh * L + i0);  // global row index of query i0
-        // Keys these queries see: all, or up to the causal limit of the last one.
-        const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
-        auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(keys_seen - j0)); };
-        const float* q_block = query.data() + row0 * Dqk;
-        const float* dout_block = grad_output.data() + row0 * Dv;
-        transpose(q_block, rows, Dqk, qt.data(), Br);
-        transpose(dout_block, rows, Dv, dot.data(), Br);
-        for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * q_block[e];
-        for (size_t r = 0; r < rows; ++r) split_logsumexp(logsumexp[static_cast<int64_t>(row0 + r)], lse_hi[r], lse_lo[r]);
-
-        // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are those
-        // of the forward, (scale·Q)·Kᵀ with the same products in the same order.
-        std::fill(row_dot.data(), row_dot.data() + rows, 0.0);
-        std::fill(row_mass.data(), row_mass.data() + rows, 0.0);
-        for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
-          const size_t cols = block_cols(j0), c0 = to_size(j0);
-          gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + c0 * Dqk, W, Dqk * W},
-               {probs.data() + c0, key_stride}, false);
-          gemm(rows, cols, Dv, {dout_block, Dv}, {vt_packed.data() + c0 * Dv, W, Dv * W}, {dprobs.data() + c0, key_stride},
-               false);
-          ScoreTile t{probs.data() + c0, key_stride, rows, cols};
-          if (masked) {
-            fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data() + c0, key_stride);
-            t.bias = bias.data() + c0;
+        for (int64_t task = 0; task < tasks; ++task) {
+          const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
+          const int64_t b = kv / Hkv;
+          const float* k_seg = key.data() + (kv * S + s0) * p.qk_head_dim;
+          pack_transposed(k_seg, Dqk, seg_keys, Dqk, kt_packed.data());
+          pack_transposed(value.data() + (kv * S + s0) * p.v_head_dim, Dv, seg_keys, Dv, vt_packed.data());
+          if (gradients) {
+            pack_rows(k_seg, Dqk, seg_keys, Dqk, k_packed.data());
+            std::fill(kvt.data(), kvt.data() + kvt_size, 0.0f);
           }
-          if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
-            fill_visible(p, i0, rows, j0, visible.data());
-            t.visible = visible.data();
+          const int64_t first_item = chunk * chunks.items_per_chunk;
+          const int64_t end_item = std::min(G * query_blocks, first_item + chunks.items_per_chunk);
+
+          for (int64_t item = first_item; item < end_item; ++item) {
+            const int64_t h = (kv % Hkv) * G + item / query_blocks, bh = b * Hq + h;
+            const int64_t i0 = (item % query_blocks) * static_cast<int64_t>(Br);
+            const size_t rows = std::min<size_t>(Br, to_size(L - i0));
+            const size_t row0 = to_size(bh * L + i0);  // global row index of query i0
+            // Keys of the segment these queries see: all, or up to the causal limit of the last one.
+            const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
+            const int64_t s_end = std::min(s0 + static_cast<int64_t>(seg_keys), keys_seen);
+            if (s_end <= s0) continue;
+            auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(s_end - j0)); };
+            const float* q_block = query.data() + row0 * Dqk;
+            const float* dout_block = grad_output.data() + row0 * Dv;
+            for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * q_block[e];
+            for (size_t r = 0; r < rows; ++r) split_logsumexp(logsumexp[static_cast<int64_t>(row0 + r)], lse_hi[r], lse_lo[r]);
+
+            // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are
+            // those of the forward, (scale·Q)·Kᵀ with the same products in the same order. Tile
+            // columns are counted from the segment's first key (c0 = j0 − s0).
+            // The sums go to the whole-row totals in the first of two sweeps; otherwise to this
+            // block's own (used with one sweep, already summed by the first with two).
+            std::fill(row_dot.data(), row_dot.data() + rows, 0.0);
+            std::fill(row_mass.data(), row_mass.data() + rows, 0.0);
+            const bool totals = two_sweeps && !gradients;
+            double* sum_dot = totals ? all_row_dot.data() + row0 : row_dot.data();
+            double* sum_mass = totals ? all_row_mass.data() + row0 : row_mass.data();
+            for (int64_t j0 = s0; j0 < s_end; j0 += static_cast<int64_t>(Bc)) {
+              const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
+              gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + c0 * Dqk, W, Dqk * W},
+                   {probs.data() + c0, key_stride}, false);
+              gemm(rows, cols, Dv, {dout_block, Dv}, {vt_packed.data() + c0 * Dv, W, Dv * W},
+                   {dprobs.data() + c0, key_stride}, false);
+              ScoreTile t{probs.data() + c0, key_stride, rows, cols};
+              if (masked) {
+                fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data() + c0, key_stride);
+                t.bias = bias.data() + c0;
+              }
+              if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
+                fill_visible(p, i0, rows, j0, visible.data());
+                t.visible = visible.data();
+              }
+              if (dropout) {
+                fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data() + c0, key_stride);
+                t.dropout = factors.data() + c0;
+              }
+              probabilities_tile(t, lse_hi.data(), lse_lo.data(), dprobs.data() + c0, sum_dot, sum_mass);
+            }
+            if (!gradients) continue;
+            // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and
+            // of each exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish
+            // to rounding whatever that sum is (a fully masked row has both sums 0: D = 0).
+            const double* dots = two_sweeps ? all_row_dot.data() + row0 : row_dot.data();
+            const double* masses = two_sweeps ? all_row_mass.data() + row0 : row_mass.data();
+            for (size_t r = 0; r < rows; ++r) delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
+
+            // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
+            transpose(q_block, rows, Dqk, qt.data(), Br);
+            transpose(dout_block, rows, Dv, dot.data(), Br);
+            std::fill(dq.data(), dq.data() + rows * dqk_padded, 0.0f);
+            for (int64_t j0 = s0; j0 < s_end; j0 += static_cast<int64_t>(Bc)) {
+              const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
+              float* block_probs = probs.data() + c0;
+              float* block_ds = dprobs.data() + c0;
+              score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
+                                   dropout ? factors.data() + c0 : nullptr);
+              gemm(Dv, cols, rows, {dot.data(), Br}, {block_probs, key_stride, W}, {dvt + c0, key_stride}, true);
+              gemm(Dqk, cols, rows, {qt.data(), Br}, {block_ds, key_stride, W}, {dkt + c0, key_stride}, true);
+              gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_packed.data() + c0 * W, W, seg_keys * W},
+                   {dq.data(), dqk_padded}, true);
+            }
+            // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
+            // segments in order.
+            float* grad_q = grads.grad_query.data() + row0 * Dqk;
+            for (size_t r = 0; r < rows; ++r)
+              for (size_t d = 0; d < Dqk; ++d) grad_q[r * Dqk + d] += scale * dq[r * dqk_padded + d];
           }
-          if (dropout) {
-            fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data() + c0, key_stride);
-            t.dropout = factors.data() + c0;
+          if (!gradients) continue;
+
+          // The task's dKᵀ, dVᵀ over the segment: the whole gradient of its kv head's keys there
+          // (dK = scale·dKᵀᵀ, dV = dVᵀᵀ), or one chunk's part of it.
+          if (chunks.count == 1) {
+            float* dk = grads.grad_key.data() + (kv * S + s0) * p.qk_head_dim;
+            float* dv = grads.grad_value.data() + (kv * S + s0) * p.v_head_dim;
+            for (size_t j = 0; j < seg_keys; ++j) {
+              for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] = scale * dkt[d * key_stride + j];
+              for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] = dvt[d * key_stride + j];
+            }
+          } else {
+            std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
           }
-          probabilities_tile(t, lse_hi.data(), lse_lo.data(), dprobs.data() + c0, row_dot.data(), row_mass.data());
         }
-        // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and
-        // of each exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish
-        // to rounding whatever that sum is (a fully masked row has both sums 0: D = 0).
-        for (size_t r = 0; r < rows; ++r)
-          delta[r] = row_mass[r] > 0 ? static_cast<float>(row_dot[r] / row_mass[r]) : 0.0f;
 
-        // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
-        std::fill(dq.data(), dq.data() + rows * dqk_padded, 0.0f);
-        for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
-          const size_t cols = block_cols(j0), c0 = to_size(j0);
-          float* block_probs = probs.data() + c0;
-          float* block_ds = dprobs.data() + c0;
-          score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
-                               dropout ? factors.data() + c0 : nullptr);
-          gemm(Dv, cols, rows, {dot.data(), Br}, {block_probs, key_stride, W}, {dvt + c0, key_stride}, true);
-          gemm(Dqk, cols, rows, {qt.data(), Br}, {block_ds, key_stride, W}, {dkt + c0, key_stride}, true);
-          gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_packed.data() + c0 * W, W, to_size(S) * W},
-               {dq.data(), dqk_padded}, true);
-        }
-        // These query rows belong to this task alone: dQ = scale·dS·K.
-        for (size_t r = 0; r < rows; ++r)
-          for (size_t d = 0; d < Dqk; ++d) grads.grad_query.data()[(row0 + r) * Dqk + d] = scale * dq[r * dqk_padded + d];
-      }
-
-      // The task's dKᵀ, dVᵀ: the whole gradient of its kv head (dK = scale·dKᵀᵀ, dV = dVᵀᵀ), or
-      // one chunk's part of it.
-      if (chunks.count == 1) {
-        float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
-        float* dv = grads.grad_value.data() + kv * S * p.v_head_dim;
-        for (size_t j = 0; j < to_size(S); ++j) {
-          for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] = scale * dkt[d * key_stride + j];
-          for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] = dvt[d * key_stride + j];
-        }
-      } else {
-        std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
-      }
-    }
-  }
-
-  // With chunks: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ, summed in chunk order.
-  if (chunks.count > 1) {
-#pragma omp parallel for schedule(static)
-    for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-      float* dk = grads.grad_key.data() + kv * S * p.qk_head_dim;
-      float* dv = grads.grad_value.data() + kv * S * p.v_head_dim;
-      for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
-        const float* dkt = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
-        const float* dvt = dkt + Dqk * key_stride;
-        for (size_t j = 0; j < to_size(S); ++j) {
-          for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt[d * key_stride + j];
-          for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt[d * key_stride + j];
+        // With chunks: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ over the segment, summed in
+        // chunk order (after the loop above: its end is a barrier).
+        if (!gradients || chunks.count == 1) continue;
+#pragma omp for schedule(static)
+        for (int64_t kv = 0; kv < B * Hkv; ++kv) {
+          float* dk = grads.grad_key.data() + (kv * S + s0) * p.qk_head_dim;
+          float* dv = grads.grad_value.data() + (kv * S + s0) * p.v_head_dim;
+          for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
+            const float* dkt_part = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
+            const float* dvt_part = dkt_part + Dqk * key_stride;
+            for (size_t j = 0; j < seg_keys; ++j) {
+              for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt_part[d * key_stride + j];
+              for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt_part[d * key_stride + j];
+            }
+          }
+          for (size_t e = 0; e < seg_keys * Dqk; ++e) dk[e] *= scale;
         }
       }
-      for (int64_t e = 0; e < S * p.qk_head_dim; ++e) dk[e] *= scale;
     }
   }
   return grads;

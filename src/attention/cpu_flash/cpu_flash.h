@@ -9,8 +9,10 @@
 //
 // Extra memory: per thread, packed copies of one kv head (O(S·d)) and tiles (forward O(Br·Bc),
 // backward O(Br·S)); in the backward of a call with few (b, kv head) pairs, per-chunk partial
-// dK, dV (at most 8 copies of their size). L×S only when the weights are asked for. Results are
-// bitwise the same for any number of threads.
+// dK, dV (at most 8 copies of their size). Past kLongKeys keys (tiles.h) the forward shares one
+// packed kv head and the backward works on key segments, so S no longer multiplies the per-thread
+// and per-chunk parts (L = S = 65536, d = 64: about 32 MiB). L×S only when the weights are asked
+// for. Results are bitwise the same for any number of threads.
 // The SIMD code is chosen at run time among the targets the CPU supports (Highway dynamic
 // dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code).
 #include <string>

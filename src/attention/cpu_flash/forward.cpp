@@ -42,14 +42,24 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
   const int64_t tasks = B * Hq * query_blocks;
   const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
   const size_t tile = Br * Bc;  // row stride Bc, a multiple of 64, so of W
+  // The B operands of one (b, kv head), in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ and
+  // V (S × Dv, panels of value columns) for O += P·V. Short keys: each thread packs the kv head of
+  // its task when that moves to another one (consecutive tasks mostly share one), O(S·d) per
+  // thread. Long keys: one shared copy, the kv heads taken one after another.
+  const bool shared_packs = S > kLongKeys;
+  const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
+  Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
+  Buffer<float> shared_v(shared_packs ? v_size : 0, Buffer<float>::Uninitialized);
+  auto pack_kv_head = [&](int64_t kv, float* kt, float* v) {
+    pack_transposed(key.data() + kv * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt);
+    pack_rows(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, v);
+  };
 #pragma omp parallel
   {
-    // The B operands of one (b, kv head), in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ
-    // and V (S × Dv, panels of value columns) for O += P·V. Packed by each thread when its task
-    // moves to another kv head (consecutive tasks mostly share one), so the extra memory is
-    // O(S·d) per thread, not a copy of every head.
-    Buffer<float> kt_packed(keys_padded * Dqk, Buffer<float>::Uninitialized);
-    Buffer<float> v_packed(dv_padded * to_size(S), Buffer<float>::Uninitialized);
+    Buffer<float> own_kt(shared_packs ? 0 : kt_size, Buffer<float>::Uninitialized);
+    Buffer<float> own_v(shared_packs ? 0 : v_size, Buffer<float>::Uninitialized);
+    const float* kt_packed = shared_packs ? shared_kt.data() : own_kt.data();
+    const float* v_packed = shared_packs ? shared_v.data() : own_v.data();
     int64_t packed_kv = -1;
     Buffer<float> scores(tile), bias(masked ? tile : 0), factors(dropout ? tile : 0), out(Br * dv_padded);
     Buffer<float> q_scaled(Br * Dqk), row_max(Br), lse_hi(Br), lse_lo(Br);
@@ -60,7 +70,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
     // block's queries are scaled once, in q_scaled), and the additions the kernels apply on top.
     auto score_tile = [&](int64_t bh, int64_t i0, size_t rows, int64_t j0, size_t cols) {
       const int64_t b = bh / Hq, h = bh % Hq;
-      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + to_size(j0) * Dqk, W, Dqk * W},
+      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed + to_size(j0) * Dqk, W, Dqk * W},
            {scores.data(), Bc}, false);
       ScoreTile t{scores.data(), Bc, rows, cols};
       if (masked) {
@@ -78,15 +88,13 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       return t;
     };
 
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < tasks; ++task) {
+    auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, kv = (bh / Hq) * Hkv + (bh % Hq) / p.group_size();
       const int64_t i0 = (task % query_blocks) * static_cast<int64_t>(Br);
       const size_t rows = std::min<size_t>(Br, to_size(L - i0));
       const int64_t i_last = i0 + static_cast<int64_t>(rows) - 1;
-      if (kv != packed_kv) {
-        pack_transposed(key.data() + kv * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt_packed.data());
-        pack_rows(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, v_packed.data());
+      if (!shared_packs && kv != packed_kv) {
+        pack_kv_head(kv, own_kt.data(), own_v.data());
         packed_kv = kv;
       }
       std::fill(row_max.data(), row_max.data() + rows, neg_inf);
@@ -102,7 +110,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
         const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
         const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
         online_softmax_tile(t, row_max.data(), row_sum.data(), out.data(), dv_padded, Dv);
-        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed.data() + to_size(j0) * W, W, to_size(S) * W},
+        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed + to_size(j0) * W, W, to_size(S) * W},
              {out.data(), dv_padded}, true);
       }
 
@@ -124,7 +132,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       }
 
       // 2c. The weights, only when asked: P = exp(s − logsumexp) ∘ dropout, block by block.
-      if (!need_weights) continue;
+      if (!need_weights) return;
       for (size_t r = 0; r < rows; ++r)
         split_logsumexp(result.logsumexp[bh * L + i0 + static_cast<int64_t>(r)], lse_hi[r], lse_lo[r]);
       for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
@@ -133,6 +141,20 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
         probabilities_tile(t, lse_hi.data(), lse_lo.data(), nullptr, nullptr, nullptr);
         for (size_t r = 0; r < rows; ++r)
           std::copy_n(scores.data() + r * Bc, cols, result.weights->data() + ((bh * L + i0 + static_cast<int64_t>(r)) * S + j0));
+      }
+    };
+
+    if (!shared_packs) {
+#pragma omp for schedule(dynamic)
+      for (int64_t task = 0; task < tasks; ++task) run_task(task);
+    } else {
+      // A kv head's tasks are consecutive: its query heads (a GQA group) × their query blocks.
+      const int64_t tasks_per_kv = p.group_size() * query_blocks;
+      for (int64_t kv = 0; kv < B * Hkv; ++kv) {
+#pragma omp single
+        pack_kv_head(kv, shared_kt.data(), shared_v.data());  // O(S·d), against O(L·S·d) of work
+#pragma omp for schedule(dynamic)
+        for (int64_t task = kv * tasks_per_kv; task < (kv + 1) * tasks_per_kv; ++task) run_task(task);
       }
     }
   }

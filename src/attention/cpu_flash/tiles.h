@@ -31,6 +31,16 @@ constexpr size_t kForwardKeys = 256;
 constexpr size_t kBackwardQueries = 96;
 constexpr size_t kBackwardKeys = 256;
 static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
+
+// Long key sequences (more than kLongKeys keys) change how the kernels hold a kv head, so that the
+// extra memory stays a few tens of MiB whatever S (the bound: under 64 MiB at
+// L = S = 65536, d = 64), at a small cost in speed:
+//   forward:  one packed copy of the kv head shared by all threads (instead of one per thread);
+//   backward: the keys in segments of kBackwardKeySegment, D from a first sweep (see backward.cpp).
+// The choice depends on the shape only, so results stay bitwise the same for any thread count.
+constexpr int64_t kLongKeys = 16384;
+constexpr size_t kBackwardKeySegment = 4096;
+static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
 static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
 
 inline size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
