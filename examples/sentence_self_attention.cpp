@@ -3,7 +3,8 @@
 //
 // What the tutorial gets wrong and this does not: the padding tokens are masked out of the keys
 // (key_padding_mask) instead of being attended to like words, and the module is checked against
-// the plain formula, softmax(q kᵀ / sqrt(head_dim)) v, written out below.
+// the plain formula, softmax(q kᵀ / sqrt(head_dim)) v, written out below, through both attention
+// backends (the row-by-row reference and the fused cpu_flash kernel).
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -181,17 +182,38 @@ int main(int argc, char** argv) {
     std::vector<bool> padding(static_cast<size_t>(kMaxLen));
     for (int64_t j = 0; j < kMaxLen; ++j) padding[static_cast<size_t>(j)] = is_padding[j];
     const std::vector<double> expected = plain_attention(x.reshape({kMaxLen, kEmbedDim}), padding, state);
-    double max_error = 0, max_value = 0;
-    for (int64_t i = 0; i < result.output.numel(); ++i) {
-      max_error = std::max(max_error, std::abs(result.output[i] - expected[static_cast<size_t>(i)]));
-      max_value = std::max(max_value, std::abs(expected[static_cast<size_t>(i)]));
-    }
+    double max_value = 0;
+    for (double e : expected) max_value = std::max(max_value, std::abs(e));
+    auto error_of = [&](const Tensor<float>& output) {
+      double worst = 0;
+      for (int64_t i = 0; i < output.numel(); ++i)
+        worst = std::max(worst, std::abs(output[i] - expected[static_cast<size_t>(i)]));
+      return worst;
+    };
+    const double max_error = error_of(result.output);
     // float32 module vs double formula: a sum of 512 products per projection, so a few float
     // epsilons times the magnitude is the honest expectation.
     const bool ok = max_error <= 1e-5 * std::max(1.0, max_value);
     std::printf(
         "\nCheck against the plain formula (double): max |module - formula| = %.3g (max |output| %.3g): %s\n",
         max_error, max_value, ok ? "OK" : "MISMATCH");
-    return ok ? 0 : 1;
+
+    // 7. The two attention backends on the same input: the row-by-row reference and the fused
+    // tiled cpu_flash kernel (the default for float). Each against the formula; the fast one
+    // must stay within FlashAttention's rule: twice the reference's error, plus 1e-6·max.
+    std::printf("\nBackends, each against the formula:\n");
+    double backend_error[2] = {0, 0};
+    const mha::attention::Backend backends[2] = {mha::attention::Backend::reference,
+                                                 mha::attention::Backend::cpu_flash};
+    const char* names[2] = {"reference", "cpu_flash"};
+    for (int b = 0; b < 2; ++b) {
+      attention.backend = backends[b];
+      backend_error[b] = error_of(attention.forward(x, x, x, args).output);
+      std::printf("  %-10s max |output - formula| = %.3g\n", names[b], backend_error[b]);
+    }
+    attention.backend = mha::attention::Backend::automatic;
+    const bool backends_ok = backend_error[1] <= 2 * backend_error[0] + 1e-6 * std::max(1.0, max_value);
+    std::printf("  cpu_flash within 2 x the reference's error + 1e-6 x max: %s\n", backends_ok ? "OK" : "MISMATCH");
+    return ok && backends_ok ? 0 : 1;
   });
 }
