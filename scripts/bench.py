@@ -4,7 +4,8 @@
 Runs `mha bench` (forward/backward GFLOP/s, fraction of this machine's sgemm rate, extra memory,
 module forward) and then, when the pip packages are installed, the same shapes with PyTorch's
 scaled_dot_product_attention (forward and backward) and nn.MultiheadAttention, and ONNX Runtime's
-com.microsoft MultiHeadAttention (forward). Prints one table and writes build/bench/bench.json.
+com.microsoft MultiHeadAttention (forward). Repeats the whole set BENCH_ROUNDS times (default 3),
+prints one table of the medians and writes build/bench/bench.json (medians and every round).
 Peers use the same thread count as mha (OMP_NUM_THREADS, default: all cores) and their fastest
 inference mode (torch.inference_mode; ORT with all graph optimisations).
 """
@@ -87,39 +88,75 @@ def flops(s):
     return f / 2 if s["causal"] else f
 
 
+def median_of_rounds(rounds):
+    """The median over the rounds of each measurement (keys *_ms, *_bytes, *_gflops)."""
+    keys = {k for r in rounds for k in r if k.endswith(("_ms", "_bytes", "_gflops"))}
+    return {k: statistics.median(r[k] for r in rounds if k in r) for k in keys}
+
+
 def main():
-    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+    args = [a for a in sys.argv[1:] if a != "--quick"]  # --quick: mha bench's two small shapes
+    quick = ["--quick"] if "--quick" in sys.argv[1:] else []
+    build = args[0] if args else os.path.join(ROOT, "build")
+    rounds = int(os.environ.get("BENCH_ROUNDS", "3"))
     os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     mha_json = os.path.join(build, "bench", "mha.json")
-    subprocess.run([os.path.join(build, "tools", "mha", "mha"), "bench", "--json", mha_json], check=True)
-    with open(mha_json) as f:
-        report = json.load(f)
-    threads, shapes, module = report["threads"], report["attention"], report["module"]
-    peers, versions = {}, {}
-    for name, fn in (("torch", lambda: torch_peers(shapes, module, threads, 5)),
-                     ("onnxruntime", lambda: ort_peers(shapes, threads, 5))):
-        try:
-            per_shape, ver = fn()
-        except ImportError as e:
-            print(f"\n{name} not installed ({e}); skipped. pip install {name} to compare.")
-            continue
-        versions.update(ver)
-        for k, v in per_shape.items():
-            peers.setdefault(k, {}).update(v)
-    report["peers"], report["peer_versions"] = peers, versions
+    # Whole rounds (mha, then each peer) repeated: a burst of load from elsewhere on a shared
+    # machine spoils one round's figures, not the medians over rounds.
+    mha_rounds, peer_rounds, versions = [], [], {}
+    for r in range(rounds):
+        print(f"\n--- round {r + 1} of {rounds} ---", flush=True)
+        subprocess.run([os.path.join(build, "tools", "mha", "mha"), "bench", "--json", mha_json] + quick, check=True)
+        with open(mha_json) as f:
+            mha_rounds.append(json.load(f))
+        threads, shapes, module = (mha_rounds[0][k] for k in ("threads", "attention", "module"))
+        peers = {}
+        for name, fn in (("torch", lambda: torch_peers(shapes, module, threads, 5)),
+                         ("onnxruntime", lambda: ort_peers(shapes, threads, 5))):
+            try:
+                per_shape, ver = fn()
+            except ImportError as e:
+                if r == 0:
+                    print(f"\n{name} not installed ({e}); skipped. pip install {name} to compare.")
+                continue
+            for k, v in ver.items():
+                versions.setdefault(k, []).append(v)
+            for k, v in per_shape.items():
+                peers.setdefault(k, {}).update(v)
+        peer_rounds.append(peers)
 
-    print("\nSame run, same shapes, %d threads (ratio = peer time / mha time; > 1 means mha is faster):" % threads)
-    print(f'{"shape (B, H, L=S, d)":30s} {"mha fwd":>9s} {"sdpa fwd":>9s} {"ratio":>6s} {"ort fwd":>9s} {"ratio":>6s}'
-          f' {"mha bwd":>9s} {"sdpa bwd":>9s} {"ratio":>6s}')
+    report = dict(mha_rounds[0])
+    report["rounds"] = rounds
+    report["sgemm_gflops"] = statistics.median(m["sgemm_gflops"] for m in mha_rounds)
+    report["attention"] = [dict(s, **median_of_rounds([m["attention"][i] for m in mha_rounds]))
+                           for i, s in enumerate(report["attention"])]
+    for s in report["attention"]:
+        s["forward_gflops"] = flops(s) / s["forward_ms"] / 1e6
+        s["backward_gflops"] = 2.5 * flops(s) / s["backward_ms"] / 1e6
+    report["module"] = dict(report["module"], **median_of_rounds([m["module"] for m in mha_rounds]))
+    peers = {k: median_of_rounds([p[k] for p in peer_rounds if k in p]) for k in peer_rounds[0]}
+    versions = {k: (statistics.median(v) if isinstance(v[0], float) else v[0]) for k, v in versions.items()}
+    report["peers"], report["peer_versions"], report["rounds_raw"] = peers, versions, {"mha": mha_rounds,
+                                                                                      "peers": peer_rounds}
+    shapes, module, sgemm = report["attention"], report["module"], report["sgemm_gflops"]
+
+    print(f"\nMedians over {rounds} rounds, {report['threads']} threads; sgemm {sgemm:.1f} GFLOP/s. "
+          "ratio = peer time / mha time (> 1: mha is faster)")
+    print(f'{"shape (B, H, L=S, d)":28s} {"mha fwd":>8s} {"GFLOP/s":>8s} {"%sgemm":>6s} {"sdpa":>8s} {"ratio":>6s}'
+          f' {"ort":>8s} {"ratio":>6s} {"mha bwd":>8s} {"GFLOP/s":>8s} {"%sgemm":>6s} {"sdpa":>8s} {"ratio":>6s}'
+          f' {"MiB":>6s}')
     for s in shapes:
         p = peers.get(key(s), {})
         name = f'({s["batch"]}, {s["heads"]}, {s["len"]}, {s["head_dim"]}){" causal" if s["causal"] else ""}'
 
         def cell(peer, mine):
-            return (f"{peer:9.1f} {peer / mine:6.2f}") if peer else f'{"-":>9s} {"-":>6s}'
-        print(f'{name:30s} {s["forward_ms"]:9.1f} {cell(p.get("sdpa_forward_ms"), s["forward_ms"])} '
-              f'{cell(p.get("ort_forward_ms"), s["forward_ms"])} {s["backward_ms"]:9.1f} '
-              f'{cell(p.get("sdpa_backward_ms"), s["backward_ms"])}')
+            return (f"{peer:8.1f} {peer / mine:6.2f}") if peer else f'{"-":>8s} {"-":>6s}'
+        extra = max(s["forward_extra_bytes"], s["backward_extra_bytes"]) / 2**20
+        print(f'{name:28s} {s["forward_ms"]:8.1f} {s["forward_gflops"]:8.1f} {100 * s["forward_gflops"] / sgemm:5.0f}% '
+              f'{cell(p.get("sdpa_forward_ms"), s["forward_ms"])} {cell(p.get("ort_forward_ms"), s["forward_ms"])} '
+              f'{s["backward_ms"]:8.1f} {s["backward_gflops"]:8.1f} {100 * s["backward_gflops"] / sgemm:5.0f}% '
+              f'{cell(p.get("sdpa_backward_ms"), s["backward_ms"])} {extra:6.1f}')
+    print("(times in ms; MiB: the larger of forward's and backward's peak memory beyond inputs and outputs)")
     if "nn_multihead_attention_forward_ms" in versions:
         t = versions["nn_multihead_attention_forward_ms"]
         print(f'\nModule forward (N={module["batch"]}, L={module["len"]}, E=512, 8 heads): mha {module["forward_ms"]:.1f} ms, '
