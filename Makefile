@@ -2,6 +2,9 @@
 #   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
 #   make build  configure build/ (Release) if needed, then build
 #   make test   deps + build + ctest
+#   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
+#   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
+#               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
 #   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench.py)
 #   make clean  remove build/
@@ -11,7 +14,11 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE      ?= cmake
 CTEST      ?= ctest
 
-.PHONY: all deps build test demo bench clean
+SANITIZE_BUILD_DIR ?= build-asan
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?=
+
+.PHONY: all deps build test test-sanitize fuzz demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -38,6 +45,15 @@ build:
 
 test: deps build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
+
+# Configured every time (a few seconds), so a build-asan/ made some other way still gets the option.
+test-sanitize: deps
+	$(CMAKE) -S . -B $(SANITIZE_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMHA_SANITIZE=ON
+	$(CMAKE) --build $(SANITIZE_BUILD_DIR) -j$(JOBS)
+	$(CTEST) --test-dir $(SANITIZE_BUILD_DIR) --output-on-failure -j$(JOBS)
+
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh $(FUZZ_TARGETS)
 
 demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
 demo: deps build

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs to build, test and benchmark (see DESIGN.md,
-# "Dependencies"). Idempotent: when everything is already installed it prints one line and
-# touches nothing; otherwise it runs `apt-get update` once and installs only what is missing.
+# "Dependencies"), plus any package named as an argument (scripts/fuzz.sh adds clang's).
+# Idempotent: when everything is already installed it prints one line and touches nothing;
+# otherwise it runs `apt-get update` once and installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -18,6 +19,7 @@ packages=(
   libgtest-dev
   libbenchmark-dev
   dataset-fashion-mnist
+  "$@"
 )
 
 missing=()

@@ -66,6 +66,12 @@ Problem make_problem(const Tensor<T>& query, const Tensor<T>& key, const Tensor<
         to_string(k));
   check(k[1] > 0 && q[1] % k[1] == 0, "key: number of key/value heads must divide the ", q[1],
         " query heads (grouped-query attention), got ", k[1]);
+  // The sizes the call works with, checked before anything is allocated: the output
+  // (B, Hq, L, Dv), the logsumexp (B, Hq, L) and the score matrix (B, Hq, L, S), whose element
+  // count is also the work, built or not. A product past 64 bits would wrap into a wrong size.
+  checked_numel({q[0], q[1], q[2], v[3]}, "query and value: the output (B, Hq, L, Dv)");
+  checked_numel({q[0], q[1], q[2]}, "query: the logsumexp (B, Hq, L)");
+  checked_numel({q[0], q[1], q[2], k[2]}, "query and key: the score matrix (B, Hq, L, S)");
   check(std::isfinite(options.dropout_p) && options.dropout_p >= 0.0 && options.dropout_p <= 1.0,
         "dropout_p: expected a probability in [0, 1], got ", options.dropout_p);
 
@@ -107,6 +113,11 @@ Backend resolve_backend(Backend requested) {
   return requested;
 }
 
+// No query rows (B, Hq or L is 0): the results are empty whatever the backend, and are made
+// here, so that no backend multiplies sizes of which one is 0 and the others may be huge (the
+// checks above allow B·Hq past 64 bits when L is 0, as a product with a zero factor is 0).
+bool no_query_rows(const Problem& p) { return p.batch == 0 || p.query_heads == 0 || p.query_len == 0; }
+
 }  // namespace
 
 template <class T>
@@ -114,7 +125,14 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
                               const Options<T>& options) {
   const Problem p = make_problem(query, key, value, options);
   const Masks<T> masks = make_masks(p, options);
-  switch (resolve_backend<T>(options.backend)) {
+  const Backend backend = resolve_backend<T>(options.backend);
+  if (no_query_rows(p)) {
+    ForwardResult<T> empty{Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim}),
+                           Tensor<double>({p.batch, p.query_heads, p.query_len}), std::nullopt};
+    if (options.need_weights) empty.weights = Tensor<T>({p.batch, p.query_heads, p.query_len, p.key_len});
+    return empty;
+  }
+  switch (backend) {
     case Backend::reference:
       return detail::reference_forward(p, masks, query, key, value, options.need_weights);
     case Backend::cpu_flash:
@@ -137,7 +155,10 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
   check_shape(logsumexp.shape(), {p.batch, p.query_heads, p.query_len}, "logsumexp");
-  switch (resolve_backend<T>(options.backend)) {
+  const Backend backend = resolve_backend<T>(options.backend);
+  // No query rows: no gradient reaches anything.
+  if (no_query_rows(p)) return {Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  switch (backend) {
     case Backend::reference:
       return detail::reference_backward(p, masks, query, key, value, output, logsumexp, grad_output);
     case Backend::cpu_flash:

@@ -78,6 +78,9 @@ ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, cons
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
   ForwardResult<T> r{Tensor<T>({B, Hq, L, Dv}), Tensor<double>({B, Hq, L}), std::nullopt};
   if (need_weights) r.weights = Tensor<T>({B, Hq, L, S});
+  // No query rows, nothing to compute (and S may be any size when there are none). Tested factor
+  // by factor: B·Hq can overflow when L is 0.
+  if (B == 0 || Hq == 0 || L == 0) return r;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> scores(static_cast<size_t>(S));
 
@@ -130,6 +133,7 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
   Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
+  if (B == 0 || Hq == 0 || L == 0) return g;  // no query rows: every gradient is 0 (S may be any size)
   std::vector<T> prob(static_cast<size_t>(S)), dprob(static_cast<size_t>(S));
 
   for (int64_t b = 0; b < B; ++b) {
@@ -146,17 +150,17 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
 
         score_row(p, masks, q, k_head, b, h, i, prob.data());
         if (softmax_row(prob.data(), S) == neg_inf) continue;  // masked row: every gradient term is 0
-        // dP_ij and D_i; then dV, dS, dQ, dK. Keys with P = 0 (masked or underflowed) add nothing.
+        // dP_ij and D_i; then dV, dS, dQ, dK. Every key takes part, as in PyTorch's matrix
+        // products: a key with P = 0 (masked or underflowed) adds exactly 0 while its key, value
+        // and grad_output are finite, and NaN (0·inf) where one holds an Inf or NaN, as there.
         // D_i is summed in double: dS_ij = P_ij (dP_ij − D_i) cancels, and a sequential float
         // sum's rounding in D_i would reach every dS_ij of the row.
         double row_dot = 0;
         for (int64_t j = 0; j < S; ++j) {
-          if (prob[j] == T(0)) continue;
           dprob[j] = dot(dout, v_head + j * Dv, Dv) * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           row_dot += prob[j] * dprob[j];
         }
         for (int64_t j = 0; j < S; ++j) {
-          if (prob[j] == T(0)) continue;
           const T factor = static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           T* dv = dv_head + j * Dv;
           for (int64_t d = 0; d < Dv; ++d) dv[d] += prob[j] * factor * dout[d];

@@ -250,12 +250,53 @@ auto checked_encoder(DType dtype) {
 // ---------------------------------------------------------------------------------------------
 // Header parsing.
 
-// Shortens a JSON value for an error message, so a huge malformed array is not echoed whole.
-std::string abbreviate(const Json& value) {
+// A JSON value in an error message, cut after 80 characters so that a huge malformed value is
+// not echoed whole. It is a small handle, written out only if the message is built (check()
+// formats its parts only on failure), so the success path does no work for it. The writer stops
+// descending once 80 characters are out, so nesting depth costs no stack: nlohmann's dump()
+// recurses once per level, and a header of 100 000 nested '[' (200 kB, well within the header
+// limit) overflowed the stack.
+struct Abbreviated {
+  const Json& value;
+};
+
+Abbreviated abbreviate(const Json& value) { return {value}; }
+
+void write_abbreviated(std::string& out, const Json& value, size_t limit) {
+  if (out.size() > limit) return;
+  if (value.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, item] : value.items()) {
+      if (out.size() > limit) return;
+      if (!first) out += ',';
+      first = false;
+      out += Json(key).dump();
+      out += ':';
+      write_abbreviated(out, item, limit);
+    }
+    out += '}';
+  } else if (value.is_array()) {
+    out += '[';
+    bool first = true;
+    for (const Json& item : value) {
+      if (out.size() > limit) return;
+      if (!first) out += ',';
+      first = false;
+      write_abbreviated(out, item, limit);
+    }
+    out += ']';
+  } else {
+    out += value.dump();  // a scalar: no nesting
+  }
+}
+
+std::ostream& operator<<(std::ostream& stream, const Abbreviated& abbreviated) {
   constexpr size_t kMaxLength = 80;
-  std::string text = value.dump();
+  std::string text;
+  write_abbreviated(text, abbreviated.value, kMaxLength);
   if (text.size() > kMaxLength) text = text.substr(0, kMaxLength) + "...";
-  return text;
+  return stream << text;
 }
 
 std::optional<uint64_t> as_non_negative_integer(const Json& value) {
@@ -264,8 +305,13 @@ std::optional<uint64_t> as_non_negative_integer(const Json& value) {
   return std::nullopt;
 }
 
+// Containers a valid header nests: the header object, a tensor entry or __metadata__, a shape
+// or data_offsets array.
+constexpr int kMaxHeaderNesting = 3;
+
 // Parses the header text, rejecting duplicate keys in any object (nlohmann would silently keep
-// the last one, so two readers could disagree about the same file).
+// the last one, so two readers could disagree about the same file) and nesting deeper than a
+// header has (refused as it opens, so a header of nested brackets builds no deep tree).
 Json parse_header_json(std::string_view text) {
   check(!text.empty(), "safetensors: header is empty, expected a JSON object starting with '{'");
   const auto first = static_cast<unsigned char>(text.front());
@@ -282,14 +328,26 @@ Json parse_header_json(std::string_view text) {
     std::string last_key;
   };
   std::vector<OpenObject> open_objects;
-  const Json::parser_callback_t reject_duplicates = [&](int /*depth*/, Json::parse_event_t event,
-                                                        Json& parsed) {
+  int open_containers = 0;
+  const auto open_container = [&] {
+    check(++open_containers <= kMaxHeaderNesting, "safetensors: header nests objects or arrays more than ",
+          kMaxHeaderNesting, " deep (header object, tensor entry, shape), which no valid header does");
+  };
+  const Json::parser_callback_t check_structure = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
+        open_container();
         open_objects.emplace_back();
         break;
       case Json::parse_event_t::object_end:
+        --open_containers;
         open_objects.pop_back();
+        break;
+      case Json::parse_event_t::array_start:
+        open_container();
+        break;
+      case Json::parse_event_t::array_end:
+        --open_containers;
         break;
       case Json::parse_event_t::key: {
         const auto& key = parsed.get_ref<const std::string&>();
@@ -308,7 +366,7 @@ Json parse_header_json(std::string_view text) {
     return true;
   };
   try {
-    return Json::parse(text.begin(), text.end(), reject_duplicates);
+    return Json::parse(text.begin(), text.end(), check_structure);
   } catch (const Json::exception& e) {
     throw Error(std::string("safetensors: header is not valid JSON: ") + e.what());
   }
@@ -460,6 +518,9 @@ File load(const std::string& path) {
   check(!error && fs::exists(status), "safetensors: cannot load '", path, "': ",
         error ? error.message() : "no such file");
   check(!fs::is_directory(status), "safetensors: cannot load '", path, "': it is a directory");
+  // A FIFO or device would block the open (or never end); only a regular file has a size to check.
+  check(fs::is_regular_file(status), "safetensors: cannot load '", path,
+        "': not a regular file (a FIFO, socket or device)");
   std::ifstream in(path, std::ios::binary);
   check(in.is_open(), "safetensors: cannot open '", path, "': ", std::strerror(errno));
   in.seekg(0, std::ios::end);

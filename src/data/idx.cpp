@@ -101,6 +101,8 @@ std::vector<uint8_t> read_maybe_gzipped_file(const std::string& path) {
   std::error_code error;
   check(std::filesystem::exists(path, error), path, ": no such file");
   check(!std::filesystem::is_directory(path, error), path, ": expected a file, got a directory");
+  // A FIFO or device would block the open, or never end.
+  check(std::filesystem::is_regular_file(path, error), path, ": expected a regular file, got a FIFO, socket or device");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), std::fclose);
   check(file != nullptr, path, ": cannot open: ", std::strerror(errno));
   std::vector<uint8_t> bytes;

@@ -207,7 +207,7 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   // Fisher–Yates from the back: position i swaps with a uniform j in [0, i]. j from 64 random
   // bits modulo i + 1 (the bias, below 2^-32 for any n that fits in memory, is immaterial).
   for (int64_t i = n - 1; i > 0; --i) {
-    const uint64_t bits = (uint64_t{gen.next_u32()} << 32) | gen.next_u32();
+    const uint64_t bits = gen.next_u64();
     const auto j = static_cast<int64_t>(bits % static_cast<uint64_t>(i + 1));
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }

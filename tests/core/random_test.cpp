@@ -110,4 +110,21 @@ TEST(Generator, SameSeedSameStream) {
   EXPECT_EQ(a.seed(), 99u);
 }
 
+// The draws that make a 64-bit number or a uniform come in a fixed order, the first draw in the
+// high bits, whatever the compiler (they were the unsequenced operands of one expression).
+TEST(Generator, MultiDrawValuesTakeTheDrawsInOrder) {
+  mha::Generator draws(7), wide(7), uniform(7);
+  for (int i = 0; i < 10; ++i) {
+    const uint64_t first = draws.next_u32();
+    const uint64_t second = draws.next_u32();
+    EXPECT_EQ(wide.next_u64(), first << 32 | second);
+  }
+  mha::Generator draws_again(7);
+  for (int i = 0; i < 10; ++i) {
+    const uint64_t first = draws_again.next_u32();
+    const uint64_t second = draws_again.next_u32();
+    EXPECT_EQ(uniform.uniform(), static_cast<double>((first << 21) ^ (second >> 11)) / 9007199254740992.0);
+  }
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 #include "mha/core/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -38,6 +39,12 @@ std::vector<std::byte> with_header_size(uint64_t header_size, std::string_view r
   const std::vector<std::byte> tail = as_bytes(rest);
   bytes.insert(bytes.end(), tail.begin(), tail.end());
   return bytes;
+}
+
+std::string repeat(std::string_view text, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += text;
+  return out;
 }
 
 std::vector<std::byte> make_file(std::string_view header, std::string_view data) {
@@ -364,6 +371,34 @@ std::vector<CorruptFile> corrupt_files() {
       {"metadata not an object", make_file(R"({"__metadata__":"x"})", ""), "__metadata__ must be an object"},
       {"BOOL byte 2", make_file(R"({"mask":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)),
        "tensor 'mask': BOOL element 1 is stored as byte 2, expected 0 or 1"},
+      {"header size one past the limit", with_header_size(st::kMaxHeaderSize + 1, "{}"), "exceeds the limit"},
+      {"offsets at 2^64 - 1", make_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[18446744073709551615,18446744073709551615]}})", ""),
+       "run past the end of the 0-byte data buffer"},
+      {"offsets beyond 2^64", make_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,18446744073709551616]}})", ""),
+       "data_offsets must be [begin, end] with non-negative integers"},
+      // 2^61 − 1 F64 elements need 2^64 − 8 bytes: the arithmetic fits, the file does not.
+      {"claims 2^64 - 8 bytes",
+       make_file(R"({"a":{"dtype":"F64","shape":[2305843009213693951],"data_offsets":[0,18446744073709551608]}})", ""),
+       "data_offsets [0, 18446744073709551608] run past the end of the 0-byte data buffer"},
+      // Nesting a valid header never has, refused as it opens; 100 000 levels (200 kB) once
+      // overflowed the stack while an error message printed the value.
+      {"nested 100000 deep in an entry",
+       make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + std::string(100000, '[') +
+                     std::string(100000, ']') + "}}",
+                 eight_bytes),
+       "header nests objects or arrays more than 3 deep"},
+      {"nested 100000 deep as metadata",
+       make_file(R"({"__metadata__":)" + std::string(100000, '[') + std::string(100000, ']') + "}", ""),
+       "header nests objects or arrays more than 3 deep"},
+      {"shape nested one level too deep", make_file(R"({"a":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", eight_bytes),
+       "header nests objects or arrays more than 3 deep"},
+      {"metadata value an object", make_file(R"({"__metadata__":{"k":{"x":1}}})", ""),
+       R"(__metadata__ entry 'k' must be a string, got {"x":1})"},
+      {"metadata value nested too deep", make_file(R"({"__metadata__":{"k":[[1]]}})", ""),
+       "header nests objects or arrays more than 3 deep"},
+      {"long malformed value is abbreviated",
+       make_file(R"({"a":{"dtype":"F32","shape":[-1)" + repeat(",-1", 99) + R"(],"data_offsets":[0,8]}})", eight_bytes),
+       "shape must be an array of non-negative integers, got [-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-..."},
   };
 }
 
@@ -372,6 +407,35 @@ TEST(SafetensorsCorrupt, EveryViolationIsRefusedWithATellingMessage) {
     SCOPED_TRACE(corrupt.what);
     EXPECT_ERROR_CONTAINS(read_everything(corrupt.bytes), std::string(corrupt.message));
   }
+}
+
+// The sizes in a header are checked against the file before anything is sized from them: a
+// 70-byte file that claims a 2^40-byte tensor is refused with mha::Error (an allocation first
+// would throw std::bad_alloc, or abort under the sanitizers' allocation limit).
+TEST(SafetensorsCorrupt, ClaimedSizesAreCheckedBeforeAllocating) {
+  const std::vector<std::byte> file =
+      make_file(R"({"a":{"dtype":"U8","shape":[1099511627776],"data_offsets":[0,1099511627776]}})", "");
+  try {
+    (void)st::parse(file);
+    ADD_FAILURE() << "accepted";
+  } catch (const mha::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run past the end of the 0-byte data buffer"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw " << e.what() << " instead of mha::Error";
+  }
+  // The header's own size is checked against the file the same way.
+  EXPECT_ERROR_CONTAINS(st::parse(with_header_size(st::kMaxHeaderSize, "{}")), "runs past the end of the file");
+}
+
+// A valid header nests three levels (header, entry, shape); the error messages of a deep or long
+// value stay short.
+TEST(SafetensorsCorrupt, ErrorMessagesAbbreviateLongValues) {
+  const std::string message = error_of([] {
+    (void)st::parse(make_file(R"({"a":{"dtype":[")" + std::string(5000, 'x') + R"("],"shape":[2],"data_offsets":[0,8]}})",
+                              std::string(8, '\0')));
+  });
+  EXPECT_NE(message.find(R"(dtype must be a string, got ["xxxx)"), std::string::npos) << message;
+  EXPECT_LT(message.size(), 200u) << message;
 }
 
 TEST(SafetensorsCorrupt, TrailingWhitespaceInHeaderIsAccepted) {
@@ -591,6 +655,16 @@ TEST(SafetensorsFiles, InvalidFileIsNotWritten) {
   file.tensors["x"] = st::TensorData{DType::F32, {2}, std::vector<std::byte>(3)};
   EXPECT_THROW(st::save(file, path.string()), mha::Error);
   EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// A FIFO (or a device) is refused rather than opened: opening a FIFO blocks until some other
+// process writes to it, so a reader would hang.
+TEST(SafetensorsFiles, LoadRefusesWhatIsNotARegularFile) {
+  TempDir dir;
+  const fs::path fifo = dir.path() / "pipe.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_ERROR_CONTAINS(st::load(fifo.string()), "cannot load '" + fifo.string() + "': not a regular file");
+  EXPECT_ERROR_CONTAINS(st::load("/dev/null"), "not a regular file");
 }
 
 TEST(SafetensorsFiles, LoadErrorsNameThePath) {

@@ -70,6 +70,14 @@ TEST(Tensor, ReshapeErrors) {
             std::string::npos);
   EXPECT_NE(error_of([&] { (void)t.reshape({-2, -3}); }).find("dimensions must be >= 0"), std::string::npos);
   EXPECT_THROW((void)mha::FloatTensor({0, 3}).reshape({-1, 0}), mha::Error);  // -1 is ambiguous
+  // Requested dimensions whose product overflows int64 are refused by name; multiplying them
+  // unchecked was undefined behaviour (the sanitizer build reports it).
+  const mha::FloatTensor empty({0});
+  EXPECT_NE(error_of([&] { (void)empty.reshape({-1, int64_t{1} << 40, int64_t{1} << 40}); })
+                .find("reshape to [-1, 1099511627776, 1099511627776]: number of elements overflows 64 bits"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)t.reshape({int64_t{1} << 62, 4, -1}); }).find("overflows 64 bits"), std::string::npos);
+  EXPECT_EQ(empty.reshape({int64_t{1} << 40, int64_t{1} << 40, 0}).numel(), 0);  // a zero makes any product 0
 }
 
 TEST(Tensor, PermuteMatchesHandComputedExample) {

@@ -3,6 +3,7 @@
 #include "mha/data/idx.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -171,6 +172,11 @@ TEST(Idx, RefusesMissingFiles) {
   const std::string missing = (dir.path() / "nope.gz").string();
   EXPECT_TRUE(throws_error([&] { mha::data::read_idx_images(missing); }, {missing, "no such file"}));
   EXPECT_TRUE(throws_error([&] { mha::data::read_idx_images(dir.path().string()); }, {"expected a file"}));
+  // A FIFO would block the open until another process writes to it: refused instead.
+  const fs::path fifo = dir.path() / "pipe.gz";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(throws_error([&] { mha::data::read_idx_labels(fifo.string(), 10); },
+                           {fifo.string(), "expected a regular file, got a FIFO"}));
 }
 
 TEST(FashionMnist, PairsImagesWithLabelsAndChecksCounts) {

@@ -75,7 +75,10 @@ TEST(CrossEntropy, IsStableForHugeLogits) {
   mha::nn::CrossEntropyCache<float> cache;
   const float loss = mha::nn::cross_entropy(logits, targets, &cache);
   EXPECT_NEAR(loss, std::log(2.0) / 2, 1e-6);
-  for (float g : mha::nn::cross_entropy_backward(cache).values()) EXPECT_TRUE(std::isfinite(g));
+  // Named: ranging over .values() of a temporary would read the tensor after it is destroyed (the
+  // range-for keeps only the span alive; AddressSanitizer reported the use after free).
+  const Tensor<float> grad = mha::nn::cross_entropy_backward(cache);
+  for (float g : grad.values()) EXPECT_TRUE(std::isfinite(g));
 }
 
 TEST(CrossEntropy, RefusesBadInput) {

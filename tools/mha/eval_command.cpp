@@ -7,6 +7,7 @@
 #include "mha/data/fashion_mnist.h"
 #include "mha/train/trainer.h"
 #include "mha/viz/charts.h"
+#include "output_path.h"
 
 namespace mha::tools {
 namespace {
@@ -20,6 +21,7 @@ struct EvalArgs {
 };
 
 void run(const EvalArgs& args) {
+  if (!args.confusion_png.empty()) check_output_directory(args.confusion_png, "--confusion-png");
   const train::Checkpoint c = train::read_checkpoint(args.checkpoint);
   models::keep_blas_single_threaded();
   models::AttentionClassifier<float> model(c.config.model, c.config.seed);

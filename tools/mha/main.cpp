@@ -2,6 +2,7 @@
 // up and turns errors into one-line messages with a non-zero exit.
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -13,8 +14,32 @@
 #include "train_command.h"
 #include "mha/core/error.h"
 
+namespace {
+
+// Every error is one line, so a script can show or log it as one: a line break and the
+// indentation after it become a single space.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (size_t i = 0; i < message.size(); ++i) {
+    if (message[i] != '\n' && message[i] != '\r') {
+      out += message[i];
+      continue;
+    }
+    while (i + 1 < message.size() && std::isspace(static_cast<unsigned char>(message[i + 1]))) ++i;
+    if (i + 1 < message.size()) out += ' ';
+  }
+  return out;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention, faithful to PyTorch, forward and backward."};
+  // CLI11's own errors (unknown flag, bad value, missing option) in mha's one-line form, instead
+  // of its default of the message and a second line about --help.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "mha: error: " + one_line(e.what()) + " (see --help)\n";
+  });
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
   mha::tools::add_heatmap_command(app);
@@ -22,15 +47,28 @@ int main(int argc, char** argv) {
   mha::tools::add_train_command(app);
   mha::tools::add_eval_command(app);
   app.footer(std::string("\n`mha attention --help` lists every flag.\n") + mha::tools::attention_contract());
+  // CLI11 reports a mistyped command as a missing one; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string commands;
+    bool known = false;
+    for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; })) {
+      known = known || command->check_name(argv[1]);
+      commands += (commands.empty() ? "" : ", ") + command->get_name();
+    }
+    if (!known) {
+      std::cerr << "mha: error: unknown command '" << one_line(argv[1]) << "' (commands: " << commands << ")\n";
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const mha::Error& e) {
-    std::cerr << "mha: error: " << e.what() << "\n";
+    std::cerr << "mha: error: " << one_line(e.what()) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "mha: internal error: " << e.what() << "\n";
+    std::cerr << "mha: internal error: " << one_line(e.what()) << "\n";
     return 2;
   }
   return 0;

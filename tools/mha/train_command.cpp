@@ -20,6 +20,7 @@
 #include "mha/nn/serialization.h"
 #include "mha/train/trainer.h"
 #include "mha/viz/charts.h"
+#include "output_path.h"
 
 namespace mha::tools {
 namespace {
@@ -150,6 +151,7 @@ void run(TrainArgs& args) {
   const fs::path dir = args.checkpoint_dir;
   const fs::path checkpoint = dir / "checkpoint.safetensors";
   std::error_code error;
+  if (!args.step_log.empty()) check_output_directory(args.step_log, "--step-log");
 
   train::TrainingConfig config = args.config;
   if (args.resume) {
@@ -161,8 +163,8 @@ void run(TrainArgs& args) {
     for (auto& [option, apply] : args.config_options)
       if (option->count() > 0) apply(config, args.config);
     check(config == stored, "--resume: the flags change the training configuration stored in ", checkpoint.string(),
-          "; a resumed run keeps it (leave those flags out):\n  checkpoint ", stored.to_json(),
-          "\n  with flags ", config.to_json());
+          "; a resumed run keeps it (leave those flags out): checkpoint ", stored.to_json(), ", with flags ",
+          config.to_json());
   } else {
     check(args.force || args.max_steps > 0 || !fs::exists(checkpoint, error), checkpoint.string(),
           " exists: pass --resume to continue that run, --force to start over, or another --checkpoint-dir");
@@ -173,7 +175,10 @@ void run(TrainArgs& args) {
   const data::LabelledImages test_data = data::load_fashion_mnist(args.data_dir, data::Split::test);
   train::Trainer trainer(config, train_data, test_data);
   if (args.resume) trainer.load_checkpoint(checkpoint.string());
-  if (args.max_steps == 0) fs::create_directories(dir);
+  if (args.max_steps == 0) {
+    fs::create_directories(dir, error);
+    check(!error, "--checkpoint-dir: cannot create '", dir.string(), "': ", error.message());
+  }
   if (!args.save_initial.empty()) nn::save_state_dict_file(trainer.model().state_dict(), args.save_initial);
   if (!args.dump_batch_order.empty()) write_batch_orders(trainer, args.dump_batch_order);
 

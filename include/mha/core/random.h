@@ -54,9 +54,19 @@ class Generator {
     }
     return block_[static_cast<size_t>(4 - buffered_--)];
   }
+  // Two draws, the first in the high half. Each draw is its own statement: the operands of
+  // `a() << 32 | b()` are unsequenced, so a compiler may make the draws in either order and the
+  // stream would then depend on the compiler.
+  uint64_t next_u64() {
+    const uint64_t high = next_u32();
+    const uint64_t low = next_u32();
+    return high << 32 | low;
+  }
   // Uniform in [low, high), computed in double from 53 random bits.
   double uniform(double low = 0.0, double high = 1.0) {
-    const uint64_t bits = (uint64_t{next_u32()} << 21) ^ (next_u32() >> 11);
+    const uint64_t first = next_u32();  // sequenced, as in next_u64
+    const uint64_t second = next_u32();
+    const uint64_t bits = (first << 21) ^ (second >> 11);
     return low + (high - low) * (static_cast<double>(bits) * (1.0 / 9007199254740992.0));
   }
   // Standard normal by Box-Muller.

@@ -109,17 +109,20 @@ using BoolTensor = Tensor<bool>;
 
 template <class T>
 void Tensor<T>::reshape_in_place(Shape new_shape) {
-  int64_t known = 1;
   int64_t infer_at = -1;
+  Shape known_dims;  // every dimension but the -1
   for (size_t i = 0; i < new_shape.size(); ++i) {
     if (new_shape[i] == -1) {
       check(infer_at < 0, "reshape: at most one -1 allowed, got ", to_string(new_shape));
       infer_at = static_cast<int64_t>(i);
     } else {
       check(new_shape[i] >= 0, "reshape: dimensions must be >= 0, got ", to_string(new_shape));
-      known *= new_shape[i];
+      known_dims.push_back(new_shape[i]);
     }
   }
+  // Checked: a plain product of the requested dimensions could overflow (undefined behaviour) and
+  // wrap onto the element count.
+  const int64_t known = checked_numel(known_dims, "reshape to " + to_string(new_shape));
   if (infer_at >= 0) {
     check(known != 0 && numel_ % known == 0, "reshape: cannot reshape ", to_string(shape_), " to ",
           to_string(new_shape));

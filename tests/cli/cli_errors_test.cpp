@@ -1,0 +1,187 @@
+// Every subcommand of `mha` on bad input: an unknown or malformed flag, a missing file, a path that
+// cannot be read (a directory, a FIFO, no permission) or written (no such directory, a directory,
+// under a regular file, a read-only file system). Each must print exactly one line, exit
+// non-zero, return promptly (a FIFO must not block the reader) and leave no file behind, partial
+// or temporary.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "../support/cli.h"
+#include "mha/core/safetensors.h"
+
+namespace mha {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = mha::safetensors;
+
+using mha::testing::CliResult;
+using mha::testing::run_cli;
+
+bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+
+class CliErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mha_cli_every_error_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    st::File inputs;
+    inputs.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f));
+    st::save(inputs, path("inputs.safetensors"));
+    st::File weights;
+    weights.tensors["attn_weights"] = st::from_tensor(Tensor<float>({2, 3, 3}, 0.25f));
+    st::save(weights, path("weights.safetensors"));
+    std::ofstream(path("corrupt.safetensors"), std::ios::binary) << "not a safetensors file";
+    fs::create_directories(path("a_directory"));
+    ASSERT_EQ(::mkfifo(path("a_fifo").c_str(), 0600), 0);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::set<std::string> files() const {
+    std::set<std::string> out;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_)) out.insert(entry.path().string());
+    return out;
+  }
+
+  // `arguments` fails: non-zero exit, one line naming `needle`, and the directory as it was.
+  void expect_failure(const std::string& arguments, const std::string& needle) {
+    SCOPED_TRACE("mha " + arguments);
+    const std::set<std::string> before = files();
+    const CliResult r = run_cli(arguments);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_EQ(r.output.rfind("mha: error: ", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+    EXPECT_EQ(files(), before) << "files were left behind";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliErrors, BadFlagsAndSubcommands) {
+  expect_failure("", "A subcommand is required");
+  expect_failure("no-such-command",
+                 "unknown command 'no-such-command' (commands: attention, heatmap, bench, train, eval)");
+  const std::string attention = "attention --embed-dim 4 --num-heads 2 --inputs " +
+                                path("inputs.safetensors") + " --output " + path("out.safetensors");
+  expect_failure(attention + " --no-such-flag", "--no-such-flag");
+  expect_failure("attention --embed-dim four --num-heads 2 --inputs " + path("inputs.safetensors") +
+                     " --output " + path("out.safetensors"),
+                 "--embed-dim");
+  expect_failure(attention + " --dtype float16", "--dtype");
+  expect_failure(attention + " --kdim 0", "--kdim");
+  expect_failure("attention --embed-dim 4 --num-heads 2 --output " + path("out.safetensors"),
+                 "--inputs is required");
+  expect_failure("attention --embed-dim 4 --num-heads 2 --inputs " + path("inputs.safetensors"),
+                 "--output is required");
+  const std::string heatmap =
+      "heatmap --input " + path("weights.safetensors") + " --output " + path("out.png");
+  expect_failure(heatmap + " --cell-size 999", "--cell-size");
+  expect_failure(heatmap + " --batch x", "--batch");
+  expect_failure("train --epochs 0 --checkpoint-dir " + path("run"), "--epochs");
+  expect_failure("train --lr fast --checkpoint-dir " + path("run"), "--lr");
+  expect_failure("train --threads 0 --checkpoint-dir " + path("run"), "--threads");
+  expect_failure("eval --checkpoint " + path("inputs.safetensors") + " --split validation", "--split");
+  expect_failure("bench --repeats 0", "--repeats");
+  expect_failure("bench --backend fast", "--backend");
+}
+
+TEST_F(CliErrors, HelpStillPrintsUsageAndSucceeds) {
+  const CliResult r = run_cli("attention --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--embed-dim"), std::string::npos) << r.output;
+}
+
+TEST_F(CliErrors, MissingAndUnreadableInputs) {
+  const std::string attention = "attention --embed-dim 4 --num-heads 2 --output " + path("out.safetensors");
+  expect_failure(attention + " --inputs " + path("missing.safetensors"), path("missing.safetensors"));
+  expect_failure(attention + " --inputs " + path("a_directory"), path("a_directory"));
+  expect_failure(attention + " --inputs " + path("a_fifo"), "not a regular file");
+  expect_failure(attention + " --inputs " + path("inputs.safetensors/x"), "inputs.safetensors/x");
+  expect_failure(attention + " --inputs " + path("corrupt.safetensors"), path("corrupt.safetensors"));
+  expect_failure(
+      attention + " --inputs " + path("inputs.safetensors") + " --weights " + path("missing.safetensors"),
+      path("missing.safetensors"));
+  expect_failure(attention + " --inputs " + path("inputs.safetensors") + " --weights " + path("a_fifo"),
+                 "not a regular file");
+  expect_failure(
+      attention + " --inputs " + path("inputs.safetensors") + " --weights " + path("corrupt.safetensors"),
+      path("corrupt.safetensors"));
+
+  const std::string heatmap = "heatmap --output " + path("out.png") + " --input ";
+  expect_failure(heatmap + path("missing.safetensors"), path("missing.safetensors"));
+  expect_failure(heatmap + path("a_directory"), path("a_directory"));
+  expect_failure(heatmap + path("a_fifo"), "not a regular file");
+  expect_failure(heatmap + path("corrupt.safetensors"), path("corrupt.safetensors"));
+
+  expect_failure("eval --checkpoint " + path("missing.safetensors"), path("missing.safetensors"));
+  expect_failure("eval --checkpoint " + path("a_directory"), path("a_directory"));
+  expect_failure("eval --checkpoint " + path("a_fifo"), "not a regular file");
+  expect_failure("eval --checkpoint " + path("corrupt.safetensors"), path("corrupt.safetensors"));
+  expect_failure("train --data-dir " + path("missing") + " --checkpoint-dir " + path("run"), path("missing"));
+  expect_failure("train --data-dir " + path("a_directory") + " --checkpoint-dir " + path("run"),
+                 path("a_directory"));
+  expect_failure("train --resume --checkpoint-dir " + path("a_directory"), "--resume: no checkpoint");
+}
+
+// Root reads any file whatever its mode, so this runs only for other users.
+TEST_F(CliErrors, PermissionDeniedInput) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: file permissions do not stop reads";
+  fs::permissions(path("inputs.safetensors"), fs::perms::none);
+  expect_failure("attention --embed-dim 4 --num-heads 2 --output " + path("out.safetensors") + " --inputs " +
+                     path("inputs.safetensors"),
+                 "Permission denied");
+  fs::permissions(path("inputs.safetensors"), fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(CliErrors, UnwritableOutputsLeaveNothing) {
+  const std::string attention =
+      "attention --embed-dim 4 --num-heads 2 --inputs " + path("inputs.safetensors");
+  expect_failure(attention + " --output " + path("no_such_dir/out.safetensors"), "no_such_dir");
+  expect_failure(attention + " --output " + path("a_directory"), path("a_directory"));
+  expect_failure(attention + " --output " + path("inputs.safetensors/out.safetensors"),
+                 "inputs.safetensors/out");
+  expect_failure(attention + " --output /proc/mha_cli_test.safetensors", "/proc/mha_cli_test.safetensors");
+
+  const std::string heatmap = "heatmap --input " + path("weights.safetensors") + " --output ";
+  expect_failure(heatmap + path("no_such_dir/out.png"), "no_such_dir");
+  expect_failure(heatmap + path("a_directory"), path("a_directory"));
+  expect_failure(heatmap + path("weights.safetensors/out.png"), "weights.safetensors/out.png");
+}
+
+// The outputs of `mha train` and `mha eval`, with the real data (the runs are a few steps).
+TEST_F(CliErrors, TrainAndEvalOutputsThatCannotBeWritten) {
+  if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  const std::string tiny =
+      "train --train-limit 64 --test-limit 16 --batch-size 32 --epochs 1 --width 8 --heads 1 "
+      "--hidden 8 --blocks 1 --input-projection ";
+  expect_failure(tiny + "--checkpoint-dir " + path("inputs.safetensors/run"),
+                 "--checkpoint-dir: cannot create");
+  // (An existing --checkpoint-dir: train creates it before writing --save-initial.)
+  expect_failure(tiny + "--checkpoint-dir " + path("a_directory") + " --save-initial " +
+                     path("no_such_dir/w.safetensors"),
+                 "no_such_dir");
+  // Written after every epoch, so checked before the first.
+  expect_failure(tiny + "--checkpoint-dir " + path("run") + " --step-log " + path("no_such_dir/s.tsv"),
+                 "--step-log: cannot write");
+  expect_failure(
+      tiny + "--max-steps 1 --checkpoint-dir " + path("run") + " --dump-batch-order " + path("a_directory"),
+      path("a_directory"));
+  // A checkpoint to evaluate, then a confusion matrix that cannot be written.
+  const CliResult trained = run_cli(tiny + "--checkpoint-dir " + path("run"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  expect_failure("eval --checkpoint " + path("run/checkpoint.safetensors") + " --confusion-png " +
+                     path("no_such_dir/c.png"),
+                 "--confusion-png: cannot write");
+}
+
+}  // namespace
+}  // namespace mha
