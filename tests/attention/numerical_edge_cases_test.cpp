@@ -106,12 +106,10 @@ TEST(AttentionNumerics, LogitsOfPlusMinus1e4GiveFiniteExactSoftmax) {
 // the row is the fill, so P = 1/S, output = mean(v) and, with one query and grad_output 1,
 // grad_value_j = 1/S, grad_query = scale Σ_j P_j (v_j − o) k_j = (1, 1)/(4√2) (k_j = 0.1·(2j, 2j + 1),
 // v = (1, 2, 3, 4)). log S is lost in logsumexp = m + log S even in double here, so P must not be
-// rebuilt as exp(s − logsumexp) (which gives 1).
-// cpu_flash is left out: it rebuilds P that way and returns weights and gradients S times too large
-// for these fills (reported to its owner; it is right for −1e9, cpu_flash_test).
+// rebuilt as exp(s − logsumexp) (which gives 1): the reference recomputes the softmax, cpu_flash's
+// forward uses m and l themselves and its backward divides such rows by their sum of P.
 TEST(AttentionNumerics, FillsThatSwallowTheScoresGiveUniformAttention) {
   for_every_backend([]<class T>(Backend backend, double) {
-    if (backend == Backend::cpu_flash) return;
     const int64_t S = 4;
     Tensor<T> q({1, 1, 1, 2}, {0.3, -0.2}), k({1, 1, S, 2}), v({1, 1, S, 1}, {1, 2, 3, 4}),
         dout({1, 1, 1, 1}, T(1));
@@ -155,6 +153,26 @@ TEST(AttentionNumerics, InfInAKeyPropagatesAsInPyTorch) {
     EXPECT_NEAR(static_cast<double>(r.grads.grad_query[0]), -0.1407165998178501, tol);
     EXPECT_EQ(nan_pattern(r.grads.grad_key), "nnnnnn");
     EXPECT_EQ(nan_pattern(r.grads.grad_value), "nnnnnn");
+  });
+}
+
+// A score of +inf (here from an additive mask) makes its whole row NaN, weights included: the
+// row's maximum is +inf and exp(inf − inf) = NaN enters the normaliser, as in PyTorch's softmax.
+// Row 1 is untouched. (Found by fuzz/attention_module: cpu_flash's weights read the row's
+// maximum +inf as its mark for a fully masked row and gave 0.)
+TEST(AttentionNumerics, InfScoreMakesItsRowNaNWeightsIncluded) {
+  for_every_backend([]<class T>(Backend backend, double) {
+    const Tensor<T> q({1, 1, 2, 2}, {1, -1, 0.5, 0.5}), k({1, 1, 3, 2}, {0.2, 0.1, 0.3, 0.4, 0.1, 0.2});
+    const Tensor<T> v({1, 1, 3, 2}, {1, 2, 3, 4, 5, 6}), dout({1, 1, 2, 2}, T(1));
+    Tensor<T> additive({2, 3}, T(0));
+    additive[1] = std::numeric_limits<T>::infinity();  // query 0, key 1
+    Options<T> options;
+    options.additive_mask = &additive;
+    options.need_weights = true;
+    const Result<T> r = run(q, k, v, dout, options, backend);
+    EXPECT_EQ(nan_pattern(*r.fwd.weights), "nnnfff");
+    EXPECT_EQ(nan_pattern(r.fwd.output), "nnff");
+    EXPECT_TRUE(std::isnan(r.fwd.logsumexp[0]));
   });
 }
 
@@ -237,11 +255,9 @@ TEST(AttentionNumerics, EveryKeyMaskedGivesZerosNotNaN) {
 // A fully masked row contributes nothing to any gradient, even when its grad_output (or a value)
 // holds an Inf: its P is exactly 0 and the row is skipped (attention.h: gradient 0, never NaN),
 // where a plain product would give 0·inf = NaN. Rows that see keys are unaffected.
-// cpu_flash is left out: it multiplies the row's P = 0 by the Inf and returns NaN gradients
-// (found by fuzz/attention_module; reported to its owner).
+// (Found by fuzz/attention_module in cpu_flash, which multiplied the row's P = 0 by the Inf.)
 TEST(AttentionNumerics, FullyMaskedRowIgnoresInfInItsGradOutput) {
   for_every_backend([]<class T>(Backend backend, double) {
-    if (backend == Backend::cpu_flash) return;
     const Tensor<T> q({1, 1, 2, 2}, T(0.5)), k({1, 1, 3, 2}, T(0.25)), v({1, 1, 3, 1}, T(1));
     Tensor<T> dout({1, 1, 2, 1}, T(1));
     dout[0] = std::numeric_limits<T>::infinity();

@@ -126,9 +126,10 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
     const size_t row_block = Br * key_stride;
     Buffer<float> probs(row_block), dprobs(row_block), bias(masked ? row_block : 0), factors(dropout ? row_block : 0);
     Buffer<float> q_scaled(Br * Dqk, uninitialized), qt(Dqk * Br), dot(Dv * Br);
-    Buffer<float> dq(Br * dqk_padded), delta(Br), lse_hi(Br), lse_lo(Br);
+    Buffer<float> dq(Br * dqk_padded), delta(Br), lse_hi(Br), lse_lo(Br), renorm(Br);
     Buffer<double> row_dot(Br), row_mass(Br);
     Buffer<int64_t> visible(Br);
+    auto fully_masked = [&](size_t r) { return lse_hi[r] == std::numeric_limits<float>::infinity(); };  // split_logsumexp
 
     for (int sweep = two_sweeps ? 0 : 1; sweep < 2; ++sweep) {
       const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
@@ -202,17 +203,33 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             const double* dots = two_sweeps ? all_row_dot.data() + row0 : row_dot.data();
             const double* masses = two_sweeps ? all_row_mass.data() + row0 : row_mass.data();
             for (size_t r = 0; r < rows; ++r) delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
+            // Rows whose logsumexp is too large to rebuild P exactly use P / Σ_j P (tiles.h).
+            bool renormalizing = false;
+            for (size_t r = 0; r < rows; ++r) {
+              const bool renormalize =
+                  logsumexp_needs_renormalizing(logsumexp[static_cast<int64_t>(row0 + r)]) && masses[r] > 0;
+              renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
+              renormalizing = renormalizing || renormalize;
+            }
 
             // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
+            // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
+            // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
+            // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
             transpose(q_block, rows, Dqk, qt.data(), Br);
             transpose(dout_block, rows, Dv, dot.data(), Br);
+            for (size_t r = 0; r < rows; ++r) {
+              if (!fully_masked(r)) continue;
+              for (size_t d = 0; d < Dqk; ++d) qt[d * Br + r] = 0.0f;
+              for (size_t d = 0; d < Dv; ++d) dot[d * Br + r] = 0.0f;
+            }
             std::fill(dq.data(), dq.data() + rows * dqk_padded, 0.0f);
             for (int64_t j0 = s0; j0 < s_end; j0 += static_cast<int64_t>(Bc)) {
               const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
               float* block_probs = probs.data() + c0;
               float* block_ds = dprobs.data() + c0;
               score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
-                                   dropout ? factors.data() + c0 : nullptr);
+                                   dropout ? factors.data() + c0 : nullptr, renormalizing ? renorm.data() : nullptr);
               gemm(Dv, cols, rows, {dot.data(), Br}, {block_probs, key_stride, W}, {dvt + c0, key_stride}, true);
               gemm(Dqk, cols, rows, {qt.data(), Br}, {block_ds, key_stride, W}, {dkt + c0, key_stride}, true);
               gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_packed.data() + c0 * W, W, seg_keys * W},
@@ -222,7 +239,8 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             // segments in order.
             float* grad_q = grads.grad_query.data() + row0 * Dqk;
             for (size_t r = 0; r < rows; ++r)
-              for (size_t d = 0; d < Dqk; ++d) grad_q[r * Dqk + d] += scale * dq[r * dqk_padded + d];
+              if (!fully_masked(r))
+                for (size_t d = 0; d < Dqk; ++d) grad_q[r * Dqk + d] += scale * dq[r * dqk_padded + d];
           }
           if (!gradients) continue;
 

@@ -131,10 +131,20 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
         for (size_t c = 0; c < Dv; ++c) o[c] = out[r * dv_padded + c] * inv_sum;
       }
 
-      // 2c. The weights, only when asked: P = exp(s − logsumexp) ∘ dropout, block by block.
+      // 2c. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from
+      // m and l themselves rather than their sum logsumexp, whose double may have lost log l
+      // (tiles.h). A row that saw nothing gets the kernels' mark for P = 0 and a NaN row NaN
+      // (its m may be +inf, which is that mark), as split_logsumexp gives them.
       if (!need_weights) return;
-      for (size_t r = 0; r < rows; ++r)
-        split_logsumexp(result.logsumexp[bh * L + i0 + static_cast<int64_t>(r)], lse_hi[r], lse_lo[r]);
+      for (size_t r = 0; r < rows; ++r) {
+        const double lse = result.logsumexp[bh * L + i0 + static_cast<int64_t>(r)];
+        if (std::isnan(lse) || row_sum[r] == 0.0) {
+          split_logsumexp(lse, lse_hi[r], lse_lo[r]);
+        } else {
+          lse_hi[r] = row_max[r];
+          lse_lo[r] = static_cast<float>(std::log(row_sum[r]));
+        }
+      }
       for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
         const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
         const ScoreTile t = score_tile(bh, i0, rows, j0, cols);

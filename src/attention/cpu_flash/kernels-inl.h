@@ -344,7 +344,7 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
 }
 
 void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                        const float* dropout) {
+                        const float* dropout, const float* renormalize) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const size_t padded = (cols + N - 1) / N * N;
@@ -352,10 +352,17 @@ void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, 
     float* p = probs + r * stride;
     float* g = dprob + r * stride;
     const VF row_delta = hn::Set(d, delta[r]);
+    const bool scaled = renormalize && renormalize[r] != 1.0f;
+    const VF row_scale = hn::Set(d, scaled ? renormalize[r] : 1.0f);
     for (size_t c0 = 0; c0 < padded; c0 += N) {
-      const VF prob = hn::LoadU(d, p + c0);
+      VF prob = hn::LoadU(d, p + c0);
+      if (scaled) prob = hn::Mul(prob, row_scale);
       hn::StoreU(hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta)), d, g + c0);
-      if (dropout) hn::StoreU(hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0)), d, p + c0);
+      if (dropout) {
+        hn::StoreU(hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0)), d, p + c0);
+      } else if (scaled) {
+        hn::StoreU(prob, d, p + c0);
+      }
     }
   }
 }

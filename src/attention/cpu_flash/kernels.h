@@ -81,10 +81,11 @@ struct ScoreTile {
 void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum, float* out, size_t out_stride,
                          size_t out_cols);
 
-// Probabilities from the forward's logsumexp (backward, and the weights): per row r,
-//   P = exp(s − lse_r) computed as exp((s − lse_hi_r) − lse_lo_r), lse = lse_hi + lse_lo split
-//   into two floats so that a huge lse (a −1e9 mask fill) keeps its fractional part;
-// a row with lse_hi = +inf is a fully masked row: P = 0.
+// Probabilities from the row's log normaliser lse = lse_hi + lse_lo, two floats so that a huge lse
+// (a −1e9 mask fill) keeps its fractional part: per row r,
+//   P = exp((s − lse_hi_r) − lse_lo_r)
+// with (lse_hi, lse_lo) = (m, log l) in the forward (the weights) and split_logsumexp(logsumexp)
+// in the backward; a row with lse_hi = +inf is a fully masked row: P = 0.
 //   dprob null (the weights): the tile becomes P ∘ dropout.
 //   dprob given (backward, dprob holding dP = dO·Vᵀ): the tile becomes P, dprob becomes
 //     dP ∘ dropout, row_dot[r] += Σ_c P ∘ dP ∘ dropout and row_mass[r] += Σ_c P: these
@@ -93,9 +94,11 @@ void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float*
                         double* row_dot, double* row_mass);
 
 // dS = P ∘ (dP − D_r), written over dprob (which holds dP ∘ dropout), then P ← P ∘ dropout when
-// dropout is not null. Row stride `stride` for all three tiles.
+// dropout is not null. Row stride `stride` for all three tiles. With `renormalize` given, row r's
+// P is first multiplied by renormalize[r] (rows whose P from logsumexp must be divided by its sum,
+// backward.cpp), and P is rewritten even without dropout.
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                          const float* dropout);
+                          const float* dropout, const float* renormalize);
 
 // factor[r][c] = kept if dropout_keep(seed, batch_head, i0 + r, j0 + c, p) (mha/core/random.h)
 // else 0, for r < rows, c < cols: the same Philox bits as the reference, N elements at a time.

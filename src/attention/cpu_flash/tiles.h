@@ -3,6 +3,7 @@
 // preparation of one score tile (mask additions, causal limits, dropout factors), all with the
 // reference's exact semantics (Masks::fill_row, dropout_keep).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -118,6 +119,13 @@ inline void split_logsumexp(double lse, float& hi, float& lo) {
   hi = masked_row ? std::numeric_limits<float>::infinity() : static_cast<float>(lse);
   lo = masked_row ? 0.0f : static_cast<float>(lse - static_cast<double>(hi));
 }
+
+// Whether P = exp(s − logsumexp) can be trusted as it is. logsumexp = m + log l is a double,
+// rounded by up to |lse|·2⁻⁵³; past |lse| = 2²⁹ that rounding is coarser than float's 2⁻²⁴ in P,
+// and past about 1e17 log l is lost altogether (a fill of −FLT_MAX, torch.finfo(float32).min,
+// over a whole row: every P comes out 1 instead of 1/l). Such rows are divided by their own sum
+// of P (backward.cpp), which is exp(lse_true − lse) and undoes the error whatever it is.
+inline bool logsumexp_needs_renormalizing(double lse) { return std::abs(lse) >= 0x1p29 && std::isfinite(lse); }
 
 inline bool has_masks(const Masks<float>& masks) { return masks.additive.present() || masks.attend.present(); }
 
