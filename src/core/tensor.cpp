@@ -47,24 +47,45 @@ Tensor<T> permute(const Tensor<T>& in, const std::vector<int>& axes) {
   }
   Tensor<T> out(out_shape);
   if (in.numel() == 0) return out;
-  // Input strides, then walk the output in order with an odometer over its index.
+  // Trailing axes that stay in place form contiguous runs of `run` elements, copied whole (a
+  // head split (N, L, H, d) → (N, H, L, d) copies runs of d). The output is walked run by run with
+  // an odometer over the other axes; large tensors are cut into chunks of runs, one per thread.
+  int64_t kept = rank, run = 1;
+  while (kept > 0 && axes[static_cast<size_t>(kept - 1)] == kept - 1) run *= in.shape()[static_cast<size_t>(--kept)];
   std::vector<int64_t> in_stride(static_cast<size_t>(rank), 1);
   for (int64_t i = rank - 2; i >= 0; --i)
     in_stride[static_cast<size_t>(i)] = in_stride[static_cast<size_t>(i + 1)] * in.shape()[static_cast<size_t>(i + 1)];
-  std::vector<int64_t> stride(static_cast<size_t>(rank));
-  for (int64_t i = 0; i < rank; ++i) stride[static_cast<size_t>(i)] = in_stride[static_cast<size_t>(axes[static_cast<size_t>(i)])];
-  std::vector<int64_t> index(static_cast<size_t>(rank), 0);
-  int64_t src = 0;
-  for (int64_t n = 0; n < out.numel(); ++n) {
-    out[n] = in[src];
-    for (int64_t i = rank - 1; i >= 0; --i) {
+  std::vector<int64_t> stride(static_cast<size_t>(kept));
+  for (int64_t i = 0; i < kept; ++i) stride[static_cast<size_t>(i)] = in_stride[static_cast<size_t>(axes[static_cast<size_t>(i)])];
+  const int64_t runs = out.numel() / run;
+  constexpr int64_t kChunkElements = int64_t{1} << 16;  // below this, one thread does it all
+  const int64_t runs_per_chunk = std::max<int64_t>(1, kChunkElements / run);
+  const int64_t chunks = (runs + runs_per_chunk - 1) / runs_per_chunk;
+  const T* src_data = in.data();
+  T* dst_data = out.data();
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t first = chunk * runs_per_chunk, last = std::min(runs, first + runs_per_chunk);
+    // The odometer at run `first`: its index over the kept output axes, and the input offset.
+    std::vector<int64_t> index(static_cast<size_t>(kept), 0);
+    int64_t src = 0;
+    for (int64_t i = kept - 1, rest = first; i >= 0; --i) {
       const auto u = static_cast<size_t>(i);
-      if (++index[u] < out_shape[u]) {
-        src += stride[u];
-        break;
+      index[u] = rest % out_shape[u];
+      rest /= out_shape[u];
+      src += index[u] * stride[u];
+    }
+    for (int64_t r = first; r < last; ++r) {
+      std::copy_n(src_data + src, run, dst_data + r * run);
+      for (int64_t i = kept - 1; i >= 0; --i) {
+        const auto u = static_cast<size_t>(i);
+        if (++index[u] < out_shape[u]) {
+          src += stride[u];
+          break;
+        }
+        src -= stride[u] * (out_shape[u] - 1);
+        index[u] = 0;
       }
-      src -= stride[u] * (out_shape[u] - 1);
-      index[u] = 0;
     }
   }
   return out;

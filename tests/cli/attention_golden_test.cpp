@@ -1,10 +1,12 @@
 // Black-box: every module golden runs through the `mha attention` command with the flags the
 // golden records, and the output file is compared with PyTorch's numbers — in float32 under the
-// FlashAttention rule, and in float64 against PyTorch's float64 at 1e-10.
+// FlashAttention rule (on the default backend, cpu_flash, and on the reference), and in float64
+// against PyTorch's float64 at 1e-10.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "../support/cli.h"
 #include "../support/golden.h"
@@ -13,7 +15,6 @@ namespace mha {
 namespace {
 
 namespace fs = std::filesystem;
-
 
 class AttentionCliGolden : public ::testing::TestWithParam<fs::path> {};
 
@@ -24,7 +25,7 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
   const auto expected = safetensors::load(dir / "expected_f64.safetensors");
   const auto torch32 = safetensors::load(dir / "torch_f32.safetensors");
   const fs::path out = fs::temp_directory_path() / ("mha_golden_" + dir.filename().string() + ".safetensors");
-  for (const char* dtype : {"float32", "float64"}) {
+  for (const std::string dtype : {"float32", "float32 --backend reference", "float64"}) {
     fs::remove(out);
     const std::string command = "attention " + args + " --dtype " + dtype + " --weights " +
                                 (dir / "weights.safetensors").string() + " --inputs " +
@@ -33,7 +34,7 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
     ASSERT_EQ(run.exit_code, 0) << "mha " << command << "\n" << run.output;
     const double worst = testing::expect_matches_golden(safetensors::load(out), expected, torch32,
                                                         dir.filename().string() + " " + dtype,
-                                                        std::string(dtype) == "float64" ? 1e-10 : 0.0);
+                                                        dtype == "float64" ? 1e-10 : 0.0);
     std::cout << "[golden] " << dir.filename().string() << " " << dtype << " largest fraction of the allowed error " << worst << "\n";
   }
   fs::remove(out);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -94,6 +95,32 @@ TEST(Tensor, PermuteMatchesHandComputedExample) {
   EXPECT_EQ(values_of(mha::permute(matrix, {1, 0})), (std::vector<float>{1, 4, 2, 5, 3, 6}));
   EXPECT_EQ(values_of(mha::permute(matrix, {0, 1})), values_of(matrix));
   EXPECT_EQ(mha::permute(mha::FloatTensor({0, 2}), {1, 0}).shape(), (mha::Shape{2, 0}));
+}
+
+// Large enough to be copied in several chunks (one per thread): every permutation of a rank-4
+// tensor, with in[a][b][c][d] = its flat index, against out[i] = in[index of i under the axes].
+TEST(Tensor, PermuteOfLargeTensorsMatchesIndexArithmetic) {
+  const mha::Shape shape{3, 70, 5, 67};  // 70 350 elements > one chunk of 65 536
+  mha::Tensor<int32_t> in(shape);
+  for (int64_t i = 0; i < in.numel(); ++i) in[i] = static_cast<int32_t>(i);
+  std::vector<int> axes{0, 1, 2, 3};
+  do {
+    const mha::Tensor<int32_t> out = mha::permute(in, axes);
+    mha::Shape expected_shape;
+    for (int a : axes) expected_shape.push_back(shape[static_cast<size_t>(a)]);
+    ASSERT_EQ(out.shape(), expected_shape);
+    int64_t mismatches = 0;
+    for (int64_t o = 0; o < out.numel(); ++o) {
+      int64_t rest = o, in_index[4];
+      for (int i = 3; i >= 0; --i) {
+        in_index[axes[static_cast<size_t>(i)]] = rest % expected_shape[static_cast<size_t>(i)];
+        rest /= expected_shape[static_cast<size_t>(i)];
+      }
+      const int64_t flat = ((in_index[0] * shape[1] + in_index[1]) * shape[2] + in_index[2]) * shape[3] + in_index[3];
+      mismatches += out[o] != in[flat];
+    }
+    EXPECT_EQ(mismatches, 0) << "axes " << axes[0] << axes[1] << axes[2] << axes[3];
+  } while (std::next_permutation(axes.begin(), axes.end()));
 }
 
 TEST(Tensor, PermuteErrors) {

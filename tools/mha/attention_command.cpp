@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "backend_option.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/serialization.h"
@@ -18,6 +19,7 @@ namespace st = mha::safetensors;
 struct AttentionArgs {
   std::string weights_path, inputs_path, output_path;
   std::string dtype = "float32";
+  std::string backend = "automatic";
   nn::MultiheadAttentionOptions module;
   int64_t kdim = 0, vdim = 0;  // 0 = not given: embed_dim, as PyTorch's None
   bool need_weights = true, average_attn_weights = true, is_causal = false;
@@ -76,6 +78,7 @@ void run(const AttentionArgs& args) {
   if (args.vdim) options.vdim = args.vdim;
   nn::MultiheadAttention<T> module(options, args.seed);
   module.train(args.train);
+  module.backend = parse_backend(args.backend);
 
   if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
 
@@ -129,6 +132,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "computation precision")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->capture_default_str();
+  add_backend_option(cmd, args->backend);
   // Module arguments: PyTorch's names and defaults.
   cmd->add_option("--embed-dim", args->module.embed_dim, "embed_dim: total width of the model")->required();
   cmd->add_option("--num-heads", args->module.num_heads, "num_heads: parallel attention heads")->required();

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_option.h"
 #include "mha/attention/attention.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/gemm.h"
@@ -34,12 +35,6 @@ struct BenchArgs {
   bool quick = false;  // small shapes only: a smoke run for tests
   int repeats = 5;
 };
-
-attention::Backend parse_backend(const std::string& name) {
-  if (name == "reference") return attention::Backend::reference;
-  if (name == "cpu_flash") return attention::Backend::cpu_flash;
-  return attention::Backend::automatic;
-}
 
 // Median wall time of `repeats` runs after one warm-up run.
 double median_seconds(const std::function<void()>& run, int repeats) {
@@ -194,9 +189,7 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure attention forward/backward speed and memory on this machine.");
   cmd->add_option("--json", args->json_path, "also write the results as JSON to this file");
-  cmd->add_option("--backend", args->backend, "attention backend")
-      ->check(CLI::IsMember({"automatic", "reference", "cpu_flash"}))
-      ->capture_default_str();
+  add_backend_option(cmd, args->backend);
   cmd->add_option("--repeats", args->repeats, "timed runs per measurement (the median is reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

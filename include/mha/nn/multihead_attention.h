@@ -103,8 +103,8 @@ class MultiheadAttention : public Module<T> {
   // PyTorch's _qkv_same_embed_dim: one packed in_proj_weight instead of three.
   bool packed_in_projection() const { return kdim() == options_.embed_dim && vdim() == options_.embed_dim; }
 
-  // The backend the attention core runs on.
-  attention::Backend backend = attention::Backend::reference;
+  // The backend the attention core runs on (automatic: cpu_flash for float, reference for double).
+  attention::Backend backend = attention::Backend::automatic;
 
  private:
   struct Param {
