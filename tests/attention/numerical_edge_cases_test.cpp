@@ -11,12 +11,15 @@
 #include <vector>
 
 #include "../support/assertions.h"
+#include "../support/backends.h"
 #include "mha/attention/attention.h"
 
 namespace mha::attention {
 namespace {
 
 using mha::testing::expect_error;
+using mha::testing::expect_values;
+using mha::testing::for_every_backend;
 
 template <class T>
 struct Result {
@@ -31,33 +34,6 @@ Result<T> run(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const 
   Result<T> r{sdpa_forward(q, k, v, options), {}};
   r.grads = sdpa_backward(q, k, v, r.fwd.output, r.fwd.logsumexp, dout, options);
   return r;
-}
-
-const char* name(Backend backend) { return backend == Backend::cpu_flash ? "cpu_flash" : "reference"; }
-
-// Every (scalar type, backend) pair: fn.template operator()<T>(backend, tolerance).
-template <class F>
-void for_every_backend(F fn) {
-  {
-    SCOPED_TRACE("reference, double");
-    fn.template operator()<double>(Backend::reference, 1e-12);
-  }
-  for (Backend backend : {Backend::reference, Backend::cpu_flash}) {
-    SCOPED_TRACE(std::string(name(backend)) + ", float");
-    fn.template operator()<float>(backend, 1e-6);
-  }
-}
-
-// |got − expected| <= tolerance · (1 + |expected|), elementwise.
-template <class T>
-void expect_values(const Tensor<T>& got, const Shape& shape, const std::vector<double>& expected,
-                   double tolerance, const std::string& what) {
-  ASSERT_EQ(got.shape(), shape) << what;
-  ASSERT_EQ(static_cast<size_t>(got.numel()), expected.size()) << what;
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_NEAR(static_cast<double>(got[static_cast<int64_t>(i)]), expected[i],
-                tolerance * (1 + std::abs(expected[i])))
-        << what << " element " << i;
 }
 
 // 'n' NaN, 'f' finite, one character per element.

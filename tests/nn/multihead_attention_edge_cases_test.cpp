@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../support/assertions.h"
+#include "../support/backends.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
 
@@ -17,30 +18,8 @@ namespace mha::nn {
 namespace {
 
 using mha::testing::expect_error;
-
-// Every (scalar type, backend) pair: fn.template operator()<T>(backend, tolerance).
-template <class F>
-void for_every_backend(F fn) {
-  {
-    SCOPED_TRACE("double, reference");
-    fn.template operator()<double>(attention::Backend::reference, 1e-12);
-  }
-  for (attention::Backend backend : {attention::Backend::reference, attention::Backend::cpu_flash}) {
-    SCOPED_TRACE(backend == attention::Backend::cpu_flash ? "float, cpu_flash" : "float, reference");
-    fn.template operator()<float>(backend, 1e-6);
-  }
-}
-
-template <class T>
-void expect_values(const Tensor<T>& got, const Shape& shape, const std::vector<double>& expected,
-                   double tolerance, const std::string& what) {
-  ASSERT_EQ(got.shape(), shape) << what;
-  ASSERT_EQ(static_cast<size_t>(got.numel()), expected.size()) << what;
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_NEAR(static_cast<double>(got[static_cast<int64_t>(i)]), expected[i],
-                tolerance * (1 + std::abs(expected[i])))
-        << what << " element " << i;
-}
+using mha::testing::expect_values;
+using mha::testing::for_every_backend;
 
 template <class T>
 void expect_all(const Tensor<T>& t, T value, const std::string& what) {
