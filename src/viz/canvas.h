@@ -8,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-#include "bitmap_font.h"
+#include "mha/viz/font.h"
 #include "mha/viz/heatmap.h"
 
 namespace mha::viz::detail {

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <string_view>
 
-#include "bitmap_font.h"
-#include "canvas.h"
 #include "mha/core/error.h"
+#include "mha/viz/font.h"
+#include "canvas.h"
 
 namespace mha::viz {
 namespace {

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "bitmap_font.h"
-#include "canvas.h"
 #include "mha/core/error.h"
+#include "mha/viz/font.h"
+#include "canvas.h"
 
 namespace mha::viz {
 namespace {

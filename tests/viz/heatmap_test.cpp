@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/viz/bitmap_font.h"  // internal: label clean-up is tested directly
+#include "mha/viz/font.h"
 #include "../support/assertions.h"
 
 namespace mha::viz {

@@ -1,5 +1,5 @@
-// Links against the installed mha: a Tensor (code in libmha) and one gemm (which needs the
-// BLAS that mha::mha's link interface brings along).
+// Links against mha::mha (installed, or built as a subproject): a Tensor (code in libmha) and one
+// gemm (which needs the BLAS that mha::mha's link interface brings along).
 #include <cstdio>
 
 #include "mha/core/gemm.h"
@@ -21,6 +21,6 @@ int main() {
       return 1;
     }
   }
-  std::puts("find_package(mha) consumer: ok");
+  std::puts("mha consumer: ok");
   return 0;
 }

@@ -1,4 +1,4 @@
-#include "bitmap_font.h"
+#include "mha/viz/font.h"
 
 #include <algorithm>
 

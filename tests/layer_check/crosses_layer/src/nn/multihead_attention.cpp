@@ -1,0 +1,2 @@
+// nn must use attention through its public API.
+#include "../attention/problem.h"

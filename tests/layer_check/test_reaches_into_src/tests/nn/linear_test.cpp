@@ -1,0 +1,2 @@
+// A test must go through public headers.
+#include "../../src/nn/internal.h"

@@ -1,0 +1,1 @@
+#include "mha/core/tensor.h"

@@ -1,0 +1,2 @@
+// core must not see nn.
+#include "mha/nn/linear.h"
