@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import shutil
-import struct
 import sys
 import warnings
 import zlib
@@ -33,7 +31,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from canonical_writer import save_canonical
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens")
@@ -81,28 +79,6 @@ def is_blocked(mask: Optional[torch.Tensor], mha_polarity: bool) -> Optional[tor
     if mask.dtype == torch.bool:
         return mask.clone() if mha_polarity else ~mask
     return torch.isneginf(mask)
-
-
-def save_canonical(tensors: dict, path: str, metadata: dict) -> None:
-    """safetensors.torch.save_file, then rewrite the header with the metadata keys sorted.
-
-    safetensors (Rust) serialises the __metadata__ map in hash order, which changes from run to
-    run; tensors are already in a fixed order. The rewritten header has the same length.
-    """
-    for k, v in metadata.items():
-        assert isinstance(k, str) and isinstance(v, str) and v.isascii(), (k, v)
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    save_file(tensors, path, metadata=metadata)
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    assert len(text) <= n, "canonical header is longer than the original"
-    text = text + b" " * (n - len(text))
-    with open(path, "wb") as f:
-        f.write(blob[:8] + text + blob[8 + n:])
 
 
 def max_abs(t: torch.Tensor) -> float:

@@ -36,7 +36,7 @@ import zlib
 
 import torch
 import torch.nn.functional as F
-from make_goldens import save_canonical  # same file canonicalisation as the attention goldens
+from canonical_writer import save_canonical  # same file canonicalisation as the attention goldens
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens", "layers")

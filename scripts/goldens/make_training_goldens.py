@@ -28,7 +28,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from make_goldens import save_canonical
+from canonical_writer import save_canonical
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens", "training")

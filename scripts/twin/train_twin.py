@@ -172,7 +172,7 @@ def make_optimizer(model, a):
 def golden(a) -> None:
     from safetensors.torch import load_file
     sys.path.insert(0, os.path.join(REPO_ROOT, "scripts", "goldens"))
-    from make_goldens import save_canonical
+    from canonical_writer import save_canonical
 
     a.dropout = 0.0
     flags = mha_flags(a)

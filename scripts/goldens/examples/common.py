@@ -25,7 +25,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from make_goldens import save_canonical  # noqa: E402  (same byte-stable writer as the other goldens)
+from canonical_writer import save_canonical  # noqa: E402  (same byte-stable writer as the other goldens)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 OUT_DIR = os.path.join(ROOT, "tests", "goldens", "examples")
