@@ -6,7 +6,7 @@
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
 #   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
-#   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench.py)
+#   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -62,7 +62,7 @@ demo: deps build
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 bench: TARGETS = mha_cli
 bench: deps build
-	python3 scripts/bench.py $(BUILD_DIR)
+	python3 scripts/bench/bench.py $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

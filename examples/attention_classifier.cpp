@@ -146,7 +146,7 @@ struct MultiHeadSelfAttentionClassifier : mha::nn::Module<float> {
 };
 
 // Both models in one state dict, as the PyTorch twin's module with children `single_head` and
-// `classifier` (scripts/example_goldens/attention_classifier.py).
+// `classifier` (scripts/goldens/examples/attention_classifier.py).
 struct TutorialModels : mha::nn::Module<float> {
   SelfAttention single_head;
   MultiHeadSelfAttentionClassifier classifier;

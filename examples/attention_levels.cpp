@@ -108,7 +108,7 @@ Tensor<bool> may_attend_from(const Tensor<int64_t>& attention_mask) {
   return may_attend;
 }
 
-// ---- The four levels. Parameter names as the PyTorch twin's (scripts/example_goldens). ----
+// ---- The four levels. Parameter names as the PyTorch twin's (scripts/goldens/examples). ----
 
 class SelfAttentionV1 : public mha::nn::Module<float> {
  public:

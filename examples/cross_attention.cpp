@@ -67,7 +67,7 @@ struct InputGradients {
 };
 
 // The tutorial's Multi_atten plus the output projection. Parameter names as the PyTorch twin's
-// (scripts/example_goldens/cross_attention.py). Not mha::nn::MultiheadAttention, whose heads
+// (scripts/goldens/examples/cross_attention.py). Not mha::nn::MultiheadAttention, whose heads
 // all have size E / num_heads for q, k and v alike.
 class MultiHeadAttention : public mha::nn::Module<float> {
  public:

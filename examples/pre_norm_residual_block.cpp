@@ -89,7 +89,7 @@ struct BlockGradients {
 };
 
 // The tutorial's MultiHead module. Parameter names are those of the PyTorch twin
-// (scripts/example_goldens/pre_norm_residual_block.py): fc_Q, fc_K, fc_V, out_fc, norm.
+// (scripts/goldens/examples/pre_norm_residual_block.py): fc_Q, fc_K, fc_V, out_fc, norm.
 // A template so the finite-difference check can run the very same code in double.
 template <class T>
 struct PreNormResidualBlock : mha::nn::Module<T> {

@@ -1,6 +1,7 @@
 // The module follows torch.nn.functional.multi_head_attention_forward step by step:
-// layout → input projections → add_bias_kv → split heads → add_zero_attn → masks → attention
-// → merge heads → out_proj. backward walks the same steps in reverse.
+// layout → masks → input projections → add_bias_kv → split heads → add_zero_attn → attention
+// → merge heads → out_proj. backward walks the same steps in reverse. All of PyTorch's mask
+// handling, spread over that function, is gathered in canonical_masks, which forward calls once.
 #include "mha/nn/multihead_attention.h"
 
 #include <cmath>
@@ -89,6 +90,112 @@ Shape mask_shape(const Mask<T>& m) {
 template <class T>
 Mask<T> reshape_mask(const Mask<T>& m, const Shape& shape) {
   return std::visit([&](const auto& t) -> Mask<T> { return t.reshape(shape); }, m);
+}
+
+// The masks as the attention core takes them: at most one bool mask, in the core's polarity
+// (true = may attend), and one float mask added to the scores, each rank 4 (N|1, H|1, L|1, S')
+// with S' counting the add_bias_kv / add_zero_attn columns; plus the causality the is_causal
+// hint turns into.
+template <class T>
+struct CoreMasks {
+  std::optional<Tensor<bool>> attend_mask;
+  std::optional<Tensor<T>> additive_mask;
+  Causal causal = Causal::none;
+};
+
+// Everything multi_head_attention_forward does to attn_mask and key_padding_mask, in one place
+// (PyTorch spreads it over the function). query is (N, L, ·) and key (N, S, ·) after the layout
+// step; `unbatched`: the masks come without N (key_padding_mask (S), attn_mask (num_heads, L, S)).
+template <class T>
+CoreMasks<T> canonical_masks(const MultiheadAttentionArgs<T>& args, const MultiheadAttentionOptions& options,
+                             int64_t n, int64_t len, int64_t src_len, bool unbatched) {
+  const int64_t heads = options.num_heads;
+
+  // 1. Check against the shapes PyTorch accepts, and bring to rank 4 (N|1, H|1, L|1, S).
+  std::optional<Mask<T>> attn_mask = args.attn_mask, padding_mask = args.key_padding_mask;
+  check(!args.is_causal || attn_mask, "is_causal: PyTorch requires attn_mask with the is_causal hint "
+        "(pass the causal mask as attn_mask); got is_causal=true and no attn_mask");
+  if (attn_mask) {
+    const Shape s = mask_shape(*attn_mask);
+    if (s.size() == 2) {
+      check_shape(s, {len, src_len}, "attn_mask (2-D)");
+      attn_mask = reshape_mask(*attn_mask, {1, 1, len, src_len});
+    } else {
+      check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
+            to_string(s));
+      check_shape(s, {checked_numel({n, heads}, "attn_mask: N*num_heads"), len, src_len},
+                  unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
+      attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
+    }
+  }
+  if (padding_mask) {
+    const Shape s = mask_shape(*padding_mask);
+    check_shape(s, unbatched ? Shape{src_len} : Shape{n, src_len},
+                unbatched ? "key_padding_mask (unbatched: S)" : "key_padding_mask (N, S)");
+    padding_mask = reshape_mask(*padding_mask, {n, 1, 1, src_len});
+  }
+
+  // 2. The is_causal hint. PyTorch: with need_weights=false and no key padding mask, it replaces
+  // the attention mask by SDPA's top-left causal mask; otherwise the mask itself is used.
+  CoreMasks<T> out;
+  if (args.is_causal && !padding_mask && !args.need_weights) {
+    out.causal = Causal::top_left;
+    attn_mask.reset();
+  }
+
+  // 3. add_bias_kv and add_zero_attn each append a key every query may attend: a free column.
+  for (bool appends_key : {options.add_bias_kv, options.add_zero_attn}) {
+    if (!appends_key) continue;
+    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
+    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
+  }
+
+  // 4. Merge into one bool and one float mask. PyTorch turns a bool mask into −inf and adds the
+  // two masks; two bool masks are the same as "blocked where either blocks", two float masks are
+  // added, and a bool with a float mask need no merging.
+  std::optional<Tensor<bool>> blocked;
+  for (std::optional<Mask<T>>* mask : {&attn_mask, &padding_mask}) {
+    if (!*mask) continue;
+    if (auto* b = std::get_if<Tensor<bool>>(&**mask)) {
+      blocked = blocked ? broadcast_combine(*blocked, *b, std::logical_or<bool>()) : *b;
+    } else {
+      const Tensor<T>& f = std::get<Tensor<T>>(**mask);
+      out.additive_mask = out.additive_mask ? broadcast_combine(*out.additive_mask, f, std::plus<T>()) : f;
+    }
+  }
+
+  // 5. Flip to the attention core's polarity (true = may attend).
+  if (blocked) {
+    for (int64_t i = 0; i < blocked->numel(); ++i) (*blocked)[i] = !(*blocked)[i];
+    out.attend_mask = std::move(blocked);
+  }
+  return out;
+}
+
+// The attention core's options for what forward chose and saved in the cache (masks, causality,
+// dropout), so that backward runs the core on exactly what forward ran.
+template <class T>
+attention::Options<T> core_options(const MultiheadAttentionCache<T>& c, attention::Backend backend) {
+  attention::Options<T> opt;
+  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
+  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
+  opt.causal = c.causal;
+  opt.dropout_p = c.dropout_p;
+  opt.dropout_seed = c.dropout_seed;
+  opt.backend = backend;
+  return opt;
+}
+
+// (N, H, L, S) → (N, L, S): the mean over heads (average_attn_weights).
+template <class T>
+Tensor<T> mean_over_heads(const Tensor<T>& w) {
+  const int64_t n = w.size(0), heads = w.size(1), len = w.size(2), s = w.size(3);
+  Tensor<T> mean({n, len, s});
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < len * s; ++i) mean[b * len * s + i] += w[(b * heads + h) * len * s + i];
+  for (auto& x : mean.values()) x /= static_cast<T>(heads);
+  return mean;
 }
 
 }  // namespace
@@ -212,36 +319,14 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   check(v_in.size(1) == src_len, "value: expected the same sequence length as key (", src_len,
         "), got shape ", to_string(value.shape()));
 
-  // 2. Masks, checked against the shapes PyTorch accepts, and brought to rank 4 (N|1, H|1, L|1, S).
-  std::optional<Mask<T>> attn_mask = args.attn_mask, padding_mask = args.key_padding_mask;
-  check(!args.is_causal || attn_mask, "is_causal: PyTorch requires attn_mask with the is_causal hint "
-        "(pass the causal mask as attn_mask); got is_causal=true and no attn_mask");
-  if (attn_mask) {
-    const Shape s = mask_shape(*attn_mask);
-    if (s.size() == 2) {
-      check_shape(s, {len, src_len}, "attn_mask (2-D)");
-      attn_mask = reshape_mask(*attn_mask, {1, 1, len, src_len});
-    } else {
-      check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
-            to_string(s));
-      check_shape(s, {checked_numel({n, heads}, "attn_mask: N*num_heads"), len, src_len},
-                  unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
-      attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
-    }
-  }
-  if (padding_mask) {
-    const Shape s = mask_shape(*padding_mask);
-    check_shape(s, unbatched ? Shape{src_len} : Shape{n, src_len},
-                unbatched ? "key_padding_mask (unbatched: S)" : "key_padding_mask (N, S)");
-    padding_mask = reshape_mask(*padding_mask, {n, 1, 1, src_len});
-  }
-  // PyTorch: with need_weights=false and no key padding mask, the is_causal hint replaces the
-  // attention mask by SDPA's top-left causal mask; otherwise the mask itself is used.
-  Causal causal = Causal::none;
-  if (args.is_causal && !padding_mask && !args.need_weights) {
-    causal = Causal::top_left;
-    attn_mask.reset();
-  }
+  // 2. Masks, in the attention core's form (canonical_masks): checked before any work is done,
+  // and already with the key columns that steps 4 and 6 append.
+  MultiheadAttentionCache<T> local;
+  MultiheadAttentionCache<T>& c = cache ? *cache : local;
+  CoreMasks<T> masks = canonical_masks(args, options_, n, len, src_len, unbatched);
+  c.attend_mask = std::move(masks.attend_mask);
+  c.additive_mask = std::move(masks.additive_mask);
+  c.causal = masks.causal;
 
   // 3. Input projections.
   const T* in_bias = options_.bias ? in_proj_bias_.value.data() : nullptr;
@@ -251,12 +336,10 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   Tensor<T> v = linear_forward(v_in, projection_weight(2), in_bias ? in_bias + 2 * e : nullptr,
                                "MultiheadAttention: v projection");
 
-  // 4. add_bias_kv: one learned key/value appended to the sequence; masks get a free column.
+  // 4. add_bias_kv: one learned key/value appended to the sequence, (N, S, E) → (N, S+1, E).
   if (options_.add_bias_kv) {
     k = append_row(k, bias_k_.value.data());
     v = append_row(v, bias_v_.value.data());
-    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
-    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
   }
 
   // 5. Split heads: (N, L, E) → (N, H, L, hd).
@@ -264,7 +347,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   k = split_heads(k, heads);
   v = split_heads(v, heads);
 
-  // 6. add_zero_attn: a zero key and value appended per head; masks get a free column.
+  // 6. add_zero_attn: a zero key and value appended per head, (N, H, S', hd) → (N, H, S'+1, hd).
   if (options_.add_zero_attn) {
     auto append_zero = [&](const Tensor<T>& x) {
       Tensor<T> flat = x.reshape({checked_numel({n, heads}), x.size(2), x.size(3)});
@@ -272,51 +355,22 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     };
     k = append_zero(k);
     v = append_zero(v);
-    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
-    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
   }
 
-  // 7. Masks for the attention core, which takes one bool and one float mask. PyTorch turns a
-  // bool mask into −inf and adds the two masks; two bool masks are the same as "blocked where
-  // either blocks", two float masks are added, and a bool with a float mask need no merging.
-  MultiheadAttentionCache<T> local;
-  MultiheadAttentionCache<T>& c = cache ? *cache : local;
-  std::optional<Tensor<bool>> blocked;
-  c.additive_mask.reset();
-  for (std::optional<Mask<T>>* mask : {&attn_mask, &padding_mask}) {
-    if (!*mask) continue;
-    if (auto* b = std::get_if<Tensor<bool>>(&**mask)) {
-      blocked = blocked ? broadcast_combine(*blocked, *b, std::logical_or<bool>()) : *b;
-    } else {
-      const Tensor<T>& f = std::get<Tensor<T>>(**mask);
-      c.additive_mask = c.additive_mask ? broadcast_combine(*c.additive_mask, f, std::plus<T>()) : f;
-    }
-  }
-  c.attend_mask.reset();
-  if (blocked) {  // flip to the attention core's polarity (true = may attend)
-    for (int64_t i = 0; i < blocked->numel(); ++i) (*blocked)[i] = !(*blocked)[i];
-    c.attend_mask = std::move(blocked);
-  }
-  c.causal = causal;
+  // 7. Attention: (N, H, L, hd) and, with need_weights, the weights (N, H, L, S').
   c.dropout_p = this->is_training() ? options_.dropout : 0.0;
   c.dropout_seed = c.dropout_p > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
-
-  // 8. Attention.
-  attention::Options<T> opt;
-  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
-  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
-  opt.causal = causal;
-  opt.dropout_p = c.dropout_p;
-  opt.dropout_seed = c.dropout_seed;
+  attention::Options<T> opt = core_options(c, backend);
   opt.need_weights = args.need_weights;
-  opt.backend = backend;
   attention::ForwardResult<T> r = attention::sdpa_forward(q, k, v, opt);
 
-  // 9. Merge heads and project out.
+  // 8. Merge heads: (N, H, L, hd) → (N, L, E).
   Tensor<T> merged = merge_heads(r.output);
+
+  // 9. out_proj, then back to the caller's layout; the weights averaged over heads unless
+  // average_attn_weights=false.
   Tensor<T> out = linear_forward(merged, weight_view(out_proj_weight_.value),
                                  options_.bias ? out_proj_bias_.value.data() : nullptr, "MultiheadAttention: out_proj");
-
   MultiheadAttentionOutput<T> result;
   if (unbatched) {
     result.output = squeeze(out, 0);
@@ -324,16 +378,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     result.output = options_.batch_first ? std::move(out) : permute(out, {1, 0, 2});
   }
   if (args.need_weights) {
-    Tensor<T> w = std::move(*r.weights);  // (N, H, L, S')
-    if (args.average_attn_weights) {
-      const int64_t s = w.size(3);
-      Tensor<T> mean({n, len, s});
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t h = 0; h < heads; ++h)
-          for (int64_t i = 0; i < len * s; ++i) mean[b * len * s + i] += w[(b * heads + h) * len * s + i];
-      for (auto& x : mean.values()) x /= static_cast<T>(heads);
-      w = std::move(mean);
-    }
+    Tensor<T> w = args.average_attn_weights ? mean_over_heads(*r.weights) : std::move(*r.weights);
     result.attn_weights = unbatched ? squeeze(w, 0) : std::move(w);
   }
 
@@ -375,22 +420,17 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   Tensor<T> grad_merged = linear_backward(c.merged, weight_view(out_proj_weight_.value), to_internal(grad_output),
                                           out_proj_weight_.grad.data(),
                                           options_.bias ? out_proj_bias_.grad.data() : nullptr);
-  // 8. Attention.
-  attention::Options<T> opt;
-  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
-  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
-  opt.causal = c.causal;
-  opt.dropout_p = c.dropout_p;
-  opt.dropout_seed = c.dropout_seed;
-  opt.backend = backend;
-  attention::Gradients<T> g = attention::sdpa_backward(c.q, c.k, c.v, c.attention, c.logsumexp,
-                                                       split_heads(grad_merged, heads), opt);
+  // 8. Merge heads: the gradient splits back into heads, (N, L, E) → (N, H, L, hd).
+  Tensor<T> grad_attention = split_heads(grad_merged, heads);
+  // 7. Attention, with the masks, causality and dropout forward used.
+  attention::Gradients<T> g =
+      attention::sdpa_backward(c.q, c.k, c.v, c.attention, c.logsumexp, grad_attention, core_options(c, backend));
   // 6. add_zero_attn: the zero key/value are constants.
   if (options_.add_zero_attn) {
     g.grad_key = drop_last(g.grad_key, 2);
     g.grad_value = drop_last(g.grad_value, 2);
   }
-  // 5. Merge heads back to (N, S', E).
+  // 5. Split heads: merged back to (N, L, E) and (N, S', E).
   Tensor<T> grad_q = merge_heads(g.grad_query);
   Tensor<T> grad_k = merge_heads(g.grad_key);
   Tensor<T> grad_v = merge_heads(g.grad_value);

@@ -2,11 +2,8 @@
 // output file left behind.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 
 #include "../support/cli.h"
 #include "mha/core/safetensors.h"
@@ -20,18 +17,14 @@ namespace st = mha::safetensors;
 using mha::testing::CliResult;
 using mha::testing::run_cli;
 
-class AttentionCliErrors : public ::testing::Test {
+class AttentionCliErrors : public mha::testing::CliTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mha_cli_errors_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     st::File inputs;
     inputs.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f));
     inputs.tensors["grad_output"] = st::from_tensor(Tensor<float>({3, 2, 4}, 1.0f));
     st::save(inputs, path("inputs.safetensors"));
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Runs the command, expects failure with `needle` in the message and no output file.
   void expect_failure(const std::string& arguments, const std::string& needle) {
@@ -42,8 +35,6 @@ class AttentionCliErrors : public ::testing::Test {
     for (const auto& entry : fs::directory_iterator(dir_))  // no temp file either
       EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
   }
-
-  fs::path dir_;
 };
 
 TEST_F(AttentionCliErrors, RunsWithoutWeightsFromTheSeed) {

@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class AttentionCliGolden : public ::testing::TestWithParam<fs::path> {};
+class AttentionCliGolden : public testing::TempDirTest<::testing::TestWithParam<fs::path>> {};
 
 TEST_P(AttentionCliGolden, MatchesPyTorch) {
   const fs::path dir = GetParam();
@@ -24,12 +24,12 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
   const std::string args = inputs.metadata.at("args");
   const auto expected = safetensors::load(dir / "expected_f64.safetensors");
   const auto torch32 = safetensors::load(dir / "torch_f32.safetensors");
-  const fs::path out = fs::temp_directory_path() / ("mha_golden_" + dir.filename().string() + ".safetensors");
+  const std::string out = path("output.safetensors");
   for (const std::string dtype : {"float32", "float32 --backend reference", "float64"}) {
     fs::remove(out);
     const std::string command = "attention " + args + " --dtype " + dtype + " --weights " +
                                 (dir / "weights.safetensors").string() + " --inputs " +
-                                (dir / "inputs.safetensors").string() + " --output " + out.string();
+                                (dir / "inputs.safetensors").string() + " --output " + out;
     const testing::CliResult run = testing::run_cli(command);
     ASSERT_EQ(run.exit_code, 0) << "mha " << command << "\n" << run.output;
     const double worst = testing::expect_matches_golden(safetensors::load(out), expected, torch32,
@@ -37,7 +37,6 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
                                                         dtype == "float64" ? 1e-10 : 0.0);
     std::cout << "[golden] " << dir.filename().string() << " " << dtype << " largest fraction of the allowed error " << worst << "\n";
   }
-  fs::remove(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Module, AttentionCliGolden, ::testing::ValuesIn(testing::golden_cases("module")),

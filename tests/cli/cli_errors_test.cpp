@@ -27,11 +27,9 @@ using mha::testing::run_cli;
 
 bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
-class CliErrors : public ::testing::Test {
+class CliErrors : public mha::testing::CliTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mha_cli_every_error_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     st::File inputs;
     inputs.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f));
     st::save(inputs, path("inputs.safetensors"));
@@ -42,8 +40,6 @@ class CliErrors : public ::testing::Test {
     fs::create_directories(path("a_directory"));
     ASSERT_EQ(::mkfifo(path("a_fifo").c_str(), 0600), 0);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   std::set<std::string> files() const {
     std::set<std::string> out;
@@ -62,8 +58,6 @@ class CliErrors : public ::testing::Test {
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
     EXPECT_EQ(files(), before) << "files were left behind";
   }
-
-  fs::path dir_;
 };
 
 TEST_F(CliErrors, BadFlagsAndSubcommands) {

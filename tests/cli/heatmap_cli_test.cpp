@@ -1,12 +1,9 @@
 // `mha heatmap` as a black box: weights in a .safetensors file in, a PNG out (read back with
 // libpng through mha::viz::read_png); bad input gives a one-line message and no file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <filesystem>
 #include <iterator>
 #include <limits>
@@ -26,11 +23,9 @@ namespace st = mha::safetensors;
 using mha::testing::CliResult;
 using mha::testing::run_cli;
 
-class HeatmapCli : public ::testing::Test {
+class HeatmapCli : public mha::testing::CliTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mha_cli_heatmap_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     // (N, H, L, S) = (2, 2, 3, 3), as `mha attention --no-average-attn-weights` writes them; batch
     // element 1 is the identity in head 0, so the chosen element shows in the picture.
     Tensor<float> weights({2, 2, 3, 3}, 0.0f);
@@ -40,10 +35,6 @@ class HeatmapCli : public ::testing::Test {
     file.tensors["attn_weights"] = st::from_tensor(weights);
     st::save(file, path("weights.safetensors"));
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
 };
 
 TEST_F(HeatmapCli, DrawsTheChosenBatchElementWithTokens) {

@@ -2,11 +2,7 @@
 // its checkpoint and pictures; a run stopped and resumed ends with the same checkpoint tensors as
 // an uninterrupted one; eval reads the checkpoint. The runs need the real Fashion-MNIST files.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -24,16 +20,7 @@ using mha::testing::run_cli;
 
 bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
-class TrainCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mha_cli_train_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+using TrainCli = mha::testing::CliTest;
 
 // A small, fast configuration: 640 training images, 2 epochs of 10 steps.
 const std::string kSmall =

@@ -221,8 +221,8 @@ TEST(SafetensorsLayout, MatchesHandDerivedBytes) {
   EXPECT_EQ(st::serialize(file), as_bytes(size_field + header + data));
 }
 
-// Values written by scripts/make_safetensors_fixture.py (the official Python writer); keep the
-// two lists in step.
+// Values written by scripts/goldens/make_safetensors_fixture.py (the official Python writer), whose
+// `source` is the path the script had then; keep the two lists in step.
 TEST(SafetensorsLayout, ReadsFileWrittenByPythonSafetensors) {
   const st::File file = st::load(kPythonFixture.string());
   EXPECT_EQ(file.metadata, (std::map<std::string, std::string>{{"source", "scripts/make_safetensors_fixture.py"}}));

@@ -1,4 +1,4 @@
-// Every example, run on the weights and inputs of its PyTorch twin (scripts/example_goldens),
+// Every example, run on the weights and inputs of its PyTorch twin (scripts/goldens/examples),
 // must reproduce PyTorch's numbers: float32 under the FlashAttention rule against PyTorch's
 // float64 (tests/support/golden.h). The golden's metadata names the example program.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The basic layers against PyTorch (tests/goldens/layers/*.safetensors, written by
-// scripts/make_layer_goldens.py; the tensor scheme is described there).
+// scripts/goldens/make_layer_goldens.py; the tensor scheme is described there).
 //
 // float64: every output and gradient within 1e-12 · max(1, max|expected|) of PyTorch's float64.
 // float32: the goldens rule (tests/goldens/README.md): max|ours − f64| ≤ 2·max|torch_f32 − f64|

@@ -1,6 +1,6 @@
 // Training: the batch order, the configuration's JSON form, checkpoints (a resumed run is
 // bitwise the uninterrupted one), and the PyTorch twin's first 50 losses
-// (tests/goldens/training/twin_*.safetensors, written by scripts/train_twin.py golden).
+// (tests/goldens/training/twin_*.safetensors, written by scripts/twin/train_twin.py golden).
 #include "mha/train/trainer.h"
 
 #include <gtest/gtest.h>

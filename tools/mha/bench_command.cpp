@@ -1,7 +1,7 @@
 // `mha bench`: forward and backward GFLOP/s of the attention core on a fixed set of shapes, the
 // fraction of this machine's sgemm rate measured in the same run (the practical ceiling), the
 // memory the call needs beyond its inputs and outputs, and the module forward. Prints a table
-// and writes JSON (scripts/bench.py adds PyTorch and ONNX Runtime measured in the same run).
+// and writes JSON (scripts/bench/bench.py adds PyTorch and ONNX Runtime measured in the same run).
 //
 // FLOPs as FlashAttention counts them: forward 4·B·H·L·S·d (halved when causal), backward 2.5×.
 #include "bench_command.h"

@@ -12,7 +12,7 @@
 //
 // With the defaults (E = 28, 4 heads, hidden 128, one block, nothing optional) it is exactly the
 // tutorial's MultiHeadSelfAttentionClassifier. Parameter names are those of the PyTorch twin
-// (scripts/train_twin.py): input_projection.{weight,bias}, positions,
+// (scripts/twin/train_twin.py): input_projection.{weight,bias}, positions,
 // blocks.<i>.norm.{weight,bias}, blocks.<i>.attention.{in_proj_weight,in_proj_bias,
 // out_proj.weight,out_proj.bias}, norm.{weight,bias}, fc1.{weight,bias}, fc2.{weight,bias}.
 //

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Training throughput of `mha train` beside its PyTorch twin, same configuration, same run.
 
-    python3 scripts/bench_training.py                       # the tutorial's model
-    python3 scripts/bench_training.py --preset wide         # width 64, 2 blocks, projection, ...
-    python3 scripts/bench_training.py --steps 300 --repeat 5 -- --width 32 --pre-norm
+    python3 scripts/bench/bench_training.py                       # the tutorial's model
+    python3 scripts/bench/bench_training.py --preset wide         # width 64, 2 blocks, projection, ...
+    python3 scripts/bench/bench_training.py --steps 300 --repeat 5 -- --width 32 --pre-norm
 
-Each round runs `mha train --max-steps N` and `scripts/train_twin.py bench --steps N` with the
+Each round runs `mha train --max-steps N` and `scripts/twin/train_twin.py bench --steps N` with the
 same model and training flags, one after the other, and reads the samples/s each reports for its
 training loop (batches assembled from the loaded data set, forward, cross-entropy, backward,
 AdamW step; data loading and evaluation excluded, on both sides). Rounds alternate which one runs
@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = {
     "tutorial": [],
     "wide": ["--width", "64", "--blocks", "2", "--input-projection", "--positions", "--pre-norm"],
@@ -52,8 +52,8 @@ def main() -> None:
     flags = PRESETS[a.preset] + a.flags
     threads = ["--threads", str(a.threads)] if a.threads else []
     mha_cmd = [a.mha, "train", *flags, *threads, "--epochs", "1", "--max-steps", str(a.steps)]
-    twin_cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "train_twin.py"), "bench", *flags, *threads,
-                "--epochs", "1", "--steps", str(a.steps)]
+    twin_cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "twin", "train_twin.py"), "bench", *flags,
+                *threads, "--epochs", "1", "--steps", str(a.steps)]
     print(f"configuration: {a.preset} {' '.join(a.flags)}; {a.steps} steps of batch 128 per run, {a.repeat} rounds")
     mha_rates, twin_rates = [], []
     for r in range(a.repeat):

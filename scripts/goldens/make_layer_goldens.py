@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Generate the PyTorch goldens for the basic nn layers (tests/nn/test_layer_goldens.cpp).
 
-    python3 scripts/make_layer_goldens.py              # writes tests/goldens/layers/*.safetensors
-    python3 scripts/make_layer_goldens.py --out DIR    # write somewhere else
+    python3 scripts/goldens/make_layer_goldens.py              # writes tests/goldens/layers/*.safetensors
+    python3 scripts/goldens/make_layer_goldens.py --out DIR    # write somewhere else
 
 One file per layer: linear, layer_norm, embedding, gelu, relu. Each holds several cases; every
 tensor name is "<case>.<tensor>":
@@ -36,10 +36,11 @@ import zlib
 
 import torch
 import torch.nn.functional as F
-from make_goldens import save_canonical  # same file canonicalisation as the attention goldens
+from canonical_writer import save_canonical  # same file canonicalisation as the attention goldens
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens", "layers")
+# The command the committed files record (the script's earlier place; tests/goldens/README.md).
 REGENERATE = "python3 scripts/make_layer_goldens.py"
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch goldens for the training pieces: cross-entropy, AdamW and the learning-rate schedule.
 
-    python3 scripts/make_training_goldens.py             # writes tests/goldens/training/*.safetensors
-    python3 scripts/make_training_goldens.py --out DIR
+    python3 scripts/goldens/make_training_goldens.py             # writes tests/goldens/training/*.safetensors
+    python3 scripts/goldens/make_training_goldens.py --out DIR
 
 cross_entropy.safetensors  cases "<case>.<tensor>": logits (F64, drawn in float32), targets (I64),
                            loss (F64, shape []), grad_logits (F64) from
@@ -28,10 +28,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from make_goldens import save_canonical
+from canonical_writer import save_canonical
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "goldens", "training")
+# The command the committed files record (the script's earlier place; tests/goldens/README.md).
 REGENERATE = "python3 scripts/make_training_goldens.py"
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch twin of `mha train`: the same attention classifier, data, batches and optimizer.
 
-    python3 scripts/train_twin.py golden [--out FILE] [model flags]   # the committed loss golden
-    python3 scripts/train_twin.py train  [model and training flags]   # a whole run, in PyTorch
-    python3 scripts/train_twin.py bench  --steps N [flags]            # samples/s of N steps
+    python3 scripts/twin/train_twin.py golden [--out FILE] [model flags]   # the committed loss golden
+    python3 scripts/twin/train_twin.py train  [model and training flags]   # a whole run, in PyTorch
+    python3 scripts/twin/train_twin.py bench  --steps N [flags]            # samples/s of N steps
 
 The model is built from torch.nn layers with the parameter names mha uses
 (input_projection.*, positions, blocks.<i>.norm.*, blocks.<i>.attention.* (nn.MultiheadAttention,
@@ -25,7 +25,7 @@ tests/training/twin_golden_test.cpp trains mha from the same weights on the same
 requires every loss to agree within 1e-4 relative.
 
 train / bench build the model from PyTorch's own initialisation (seeded by --seed) and shuffle
-with torch.randperm; bench prints "twin: N samples in S s: R samples/s" for scripts/bench_training.py.
+with torch.randperm; bench prints "twin: N samples in S s: R samples/s" for scripts/bench/bench_training.py.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -171,8 +171,8 @@ def make_optimizer(model, a):
 
 def golden(a) -> None:
     from safetensors.torch import load_file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from make_goldens import save_canonical
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts", "goldens"))
+    from canonical_writer import save_canonical
 
     a.dropout = 0.0
     flags = mha_flags(a)
@@ -215,6 +215,7 @@ def golden(a) -> None:
     tensors["losses"] = torch.tensor(losses, dtype=torch.float64)
     tensors["lr"] = torch.tensor(lrs, dtype=torch.float64)
     out = a.out or os.path.join(REPO_ROOT, "tests", "goldens", "training", f"twin_{a.name}.safetensors")
+    # The command as the committed goldens record it: the script's earlier place (tests/goldens/README.md).
     regenerate = "python3 scripts/train_twin.py golden --name " + a.name + " " + " ".join(
         shlex.quote(f) for f in flags)
     save_canonical(tensors, out, {"config": json.dumps(config, sort_keys=True), "mha_flags": " ".join(flags),

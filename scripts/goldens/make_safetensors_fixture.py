@@ -7,7 +7,7 @@ layout order (descending dtype, then name), which lets the test also compare mha
 byte for byte. One metadata entry only: the writer stores metadata in a hash map, so several
 entries would come out in an arbitrary order.
 
-Run from the repository root:  python3 scripts/make_safetensors_fixture.py
+Run from the repository root:  python3 scripts/goldens/make_safetensors_fixture.py
 """
 import math
 import pathlib
@@ -15,7 +15,7 @@ import pathlib
 import torch
 from safetensors.torch import save_file
 
-OUTPUT = pathlib.Path(__file__).resolve().parent.parent / "tests/core/fixtures/python_written.safetensors"
+OUTPUT = pathlib.Path(__file__).resolve().parents[2] / "tests/core/fixtures/python_written.safetensors"
 
 TENSORS = {
     "a_i64": torch.tensor([-3, 0, 2**53 + 1, -(2**63), 2**63 - 1], dtype=torch.int64),
@@ -28,6 +28,7 @@ TENSORS = {
     "f_f16": torch.tensor([[1.0, -2.5, 65504.0], [2.0**-24, -math.inf, math.nan]], dtype=torch.float16),
     "g_bool": torch.tensor([[True, False], [False, True]], dtype=torch.bool),
 }
+# The path this script had when the committed fixture was written; safetensors_test.cpp checks it.
 METADATA = {"source": "scripts/make_safetensors_fixture.py"}
 
 
