@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "../../src/models/lanes_kernels.h"
 #include "../support/assertions.h"
 #include "../support/gradient_check.h"
+#include "mha/core/simd.h"
 
 namespace {
 
@@ -183,7 +183,7 @@ TEST(AttentionClassifier, FusedPathMatchesModulePathWithDropoutAndRealShapes) {
 // The SIMD kernels (attention, LayerNorm) run on the best target by default; every compiled
 // target the CPU supports must give the module path's results.
 TEST(AttentionClassifier, EverySimdTargetMatchesModulePath) {
-  const auto targets = mha::models::detail::lanes_kernel_targets();
+  const auto targets = mha::simd_targets();
   ASSERT_FALSE(targets.empty());
   std::string listed;
   for (const auto& t : targets) listed += " " + t;
@@ -194,11 +194,10 @@ TEST(AttentionClassifier, EverySimdTargetMatchesModulePath) {
   c.input_projection = c.pre_norm = true;
   for (const std::string& target : targets) {
     SCOPED_TRACE(target);
-    mha::models::detail::force_lanes_kernel_target(target);
+    const mha::ScopedSimdTarget pin(target);
     expect_fused_matches_module<double>(c, 19, 1e-12, false);
     expect_fused_matches_module<float>(c, 19, 2e-5, false);
   }
-  mha::models::detail::force_lanes_kernel_target("");
 }
 
 TEST(AttentionClassifier, FusedPathIsBitwiseTheSameForAnyThreadCount) {
