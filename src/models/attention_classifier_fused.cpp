@@ -19,18 +19,15 @@
 // Lanes past the end of a partial chunk hold zeros: they stay finite and get zero gradient, so
 // they add nothing to the parameter gradients.
 //
-// Why not OpenBLAS's own threads: its workers spin for a while after each call, and so do
-// OpenMP's after each parallel region; on a 2-core machine the two pools then take turns
-// stealing each other's core (measured 2× slower than either alone). Here every thread is an
-// OpenMP thread and each BLAS call is single-threaded.
-#include <cblas.h>
-
+// Every thread is an OpenMP thread and each BLAS call is single-threaded (SingleThreadedBlas; why
+// not OpenBLAS's own threads: mha/core/blas_threads.h).
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "mha/core/blas_threads.h"
 #include "mha/core/gemm.h"
 #include "mha/models/attention_classifier.h"
 #include "mha/nn/dropout.h"
@@ -38,22 +35,6 @@
 
 namespace mha::models {
 namespace {
-
-// OpenBLAS runs single-threaded while this lives; its previous thread count is restored after.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : saved_(openblas_get_num_threads()) {
-    if (saved_ != 1) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (saved_ != 1) openblas_set_num_threads(saved_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int saved_;
-};
 
 // A parameter's value and the offset of its gradient in a chunk's gradient buffer.
 template <class T>
@@ -160,8 +141,6 @@ E* reuse(Tensor<E>& t, const Shape& shape) {
 }
 
 }  // namespace
-
-void keep_blas_single_threaded() { openblas_set_num_threads(1); }
 
 template <class T>
 Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache) {

@@ -24,6 +24,7 @@
 //     with its own parameter-gradient buffer; the buffers are summed in chunk order at the end.
 //     So a step has one parallel region for forward and one for backward, and its results are
 //     bitwise the same for any number of threads (src/models/attention_classifier_fused.cpp).
+//     It calls BLAS single-threaded (mha/core/blas_threads.h).
 //   ComputePath::module runs the layers' own forward/backward (nn::Linear, nn::LayerNorm,
 //     nn::MultiheadAttention with batch_first, need_weights=false, ...): the reference that the
 //     tests hold the fused path to. It is ~10× slower here: MultiheadAttention's general path
@@ -64,12 +65,6 @@ struct AttentionClassifierConfig {
 };
 
 enum class ComputePath { fused, module };
-
-// The fused path runs its own threads (OpenMP) and calls BLAS single-threaded: each forward and
-// backward switches OpenBLAS to one thread and back, which costs about a millisecond. A program
-// that runs the fused path many times (the training loop, `mha eval`) calls this once to leave
-// OpenBLAS single-threaded, so the switches are no-ops.
-void keep_blas_single_threaded();
 
 template <class T>
 class AttentionClassifier : public nn::Module<T> {
