@@ -143,7 +143,7 @@ E* reuse(Tensor<E>& t, const Shape& shape) {
 }  // namespace
 
 template <class T>
-Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache) {
+Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, FusedCache* cache) {
   const AttentionClassifierConfig& c = config_;
   const int64_t N = x.size(0), L = c.sequence_length, Din = c.input_dim, E = c.embed_dim, H = c.num_heads,
                 d = E / H, hidden = c.hidden_dim, C = c.num_classes, B = c.num_blocks, cols = L * kW;
@@ -164,7 +164,7 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
   if (cache) {
     reuse(cache->input, {chunks, Din, L, kW});
     for (int64_t b = 0; b < B; ++b) {
-      BlockCache& bc = cache->blocks[static_cast<size_t>(b)];
+      typename FusedCache::BlockCache& bc = cache->blocks[static_cast<size_t>(b)];
       reuse(bc.attention_input, {chunks, E, L, kW});
       if (c.pre_norm) {
         reuse(bc.normalized, {chunks, E, L, kW});
@@ -217,7 +217,7 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
         }
 
     for (int64_t b = 0; b < B; ++b) {
-      BlockCache* bc = cache ? &cache->blocks[static_cast<size_t>(b)] : nullptr;
+      typename FusedCache::BlockCache* bc = cache ? &cache->blocks[static_cast<size_t>(b)] : nullptr;
       T* a = place(bc ? &bc->attention_input : nullptr, E * cols, s.a);
       if (c.pre_norm)
         detail::layer_norm_lanes(h, E, cols, w.norm_w[b].value, w.norm_b[b].value, static_cast<T>(kEps), a,
@@ -274,7 +274,8 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
 }
 
 template <class T>
-Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, Cache& cache, bool want_input_grad) {
+Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, FusedCache& cache,
+                                                 bool want_input_grad) {
   const AttentionClassifierConfig& c = config_;
   const int64_t N = cache.batch, L = c.sequence_length, Din = c.input_dim, E = c.embed_dim, H = c.num_heads,
                 d = E / H, hidden = c.hidden_dim, C = c.num_classes, B = c.num_blocks, cols = L * kW;
@@ -338,7 +339,7 @@ Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, C
       T* dmerged = Scratch<T>::get(s.dmerged, E * cols);
       T* dqkv = Scratch<T>::get(s.dqkv, 3 * E * cols);
       for (int64_t b = B; b-- > 0;) {
-        const BlockCache& bc = cache.blocks[static_cast<size_t>(b)];
+        const typename FusedCache::BlockCache& bc = cache.blocks[static_cast<size_t>(b)];
         // out_proj, then the attention core head by head, then in_proj.
         linear_backward(w.out_w[b].value, E, E, at(bc.merged, E * cols), cols, dh, grad(w.out_w[b]),
                         grad(w.out_b[b]), dmerged);
@@ -402,9 +403,9 @@ Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, C
   return grad_x;
 }
 
-template Tensor<float> AttentionClassifier<float>::fused_forward(const Tensor<float>&, Cache*);
-template Tensor<double> AttentionClassifier<double>::fused_forward(const Tensor<double>&, Cache*);
-template Tensor<float> AttentionClassifier<float>::fused_backward(const Tensor<float>&, Cache&, bool);
-template Tensor<double> AttentionClassifier<double>::fused_backward(const Tensor<double>&, Cache&, bool);
+template Tensor<float> AttentionClassifier<float>::fused_forward(const Tensor<float>&, FusedCache*);
+template Tensor<double> AttentionClassifier<double>::fused_forward(const Tensor<double>&, FusedCache*);
+template Tensor<float> AttentionClassifier<float>::fused_backward(const Tensor<float>&, FusedCache&, bool);
+template Tensor<double> AttentionClassifier<double>::fused_backward(const Tensor<double>&, FusedCache&, bool);
 
 }  // namespace mha::models
