@@ -10,7 +10,7 @@
 //   r = dropout(relu(z)); logits = W_2 r + b_2
 //
 // Layout: inside a chunk every activation is a (features, L, 16) array with the image index
-// innermost, x[(f·L + i)·16 + m] (the "lanes" layout of attention_kernels.h). Then each
+// innermost, x[(f·L + i)·16 + m] (the "lanes" layout of lanes_kernels.h). Then each
 // projection is one BLAS call for the whole chunk, Y (out, L·16) = W (out, in) · X (in, L·16),
 // its weight gradient one more, dW += dY · Xᵀ, with K = L·16; the attention kernels read a
 // head's q, k, v rows as they are; LayerNorm, pooling and the residual adds are vertical loops

@@ -72,7 +72,7 @@ template <class T>
 class AttentionClassifier : public nn::Module<T> {
  public:
   // Images per chunk on the fused path (a fixed number, so results do not depend on threads).
-  static constexpr int64_t kChunk = 16;  // = the attention kernels' image lanes
+  static constexpr int64_t kChunk = 16;  // = the image lanes of src/models/lanes_kernels.h
 
   // Everything backward needs, filled by forward: the state of the path the model runs. A
   // Cache may be reused from step to step; its buffers are then reused when the batch size is
