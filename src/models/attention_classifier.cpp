@@ -2,9 +2,26 @@
 
 #include <cmath>
 #include <string>
-
+#include <variant>
 
 namespace mha::models {
+namespace {
+
+const char* path_name(ComputePath path) { return path == ComputePath::fused ? "fused" : "module"; }
+
+// The cache's state for one path, for a forward on `batch` inputs: the state it holds, its
+// buffers kept for reuse, or a new one in place of an empty cache or the other path's state.
+template <class State, class Cache>
+State* start_state(Cache* cache, int64_t batch, size_t blocks) {
+  if (!cache) return nullptr;
+  State* state = std::get_if<State>(cache);
+  if (!state) state = &cache->template emplace<State>();
+  state->batch = batch;
+  state->blocks.resize(blocks);
+  return state;
+}
+
+}  // namespace
 
 void AttentionClassifierConfig::check_valid() const {
   const std::pair<const char*, int64_t> sizes[] = {
@@ -23,8 +40,8 @@ void AttentionClassifierConfig::check_valid() const {
 }
 
 template <class T>
-AttentionClassifier<T>::AttentionClassifier(const AttentionClassifierConfig& config, uint64_t seed)
-    : config_(config), dropout_(config.dropout, seed ^ 0x64726f706f7574ull /* "dropout" */) {
+AttentionClassifier<T>::AttentionClassifier(const AttentionClassifierConfig& config, uint64_t seed, ComputePath path)
+    : config_(config), path_(path), dropout_(config.dropout, seed ^ 0x64726f706f7574ull /* "dropout" */) {
   config_.check_valid();
   const int64_t L = config_.sequence_length, E = config_.embed_dim;
   // One stream for the layers in order; each attention block gets its own seed (its module
@@ -70,7 +87,7 @@ std::vector<nn::Parameter<T>> AttentionClassifier<T>::parameters() {
 // ---- Module path: the layers' own forward and backward -------------------------------------
 
 template <class T>
-Tensor<T> AttentionClassifier<T>::module_forward(const Tensor<T>& x, Cache* cache) {
+Tensor<T> AttentionClassifier<T>::module_forward(const Tensor<T>& x, ModuleCache* cache) {
   const int64_t N = x.size(0), L = config_.sequence_length, E = config_.embed_dim;
   Tensor<T> h = input_projection_ ? input_projection_->forward(x, cache ? &cache->input_projection : nullptr) : x;
   if (config_.learned_positions)
@@ -80,9 +97,9 @@ Tensor<T> AttentionClassifier<T>::module_forward(const Tensor<T>& x, Cache* cach
   args.need_weights = false;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     Block& block = blocks_[b];
-    BlockCache* bc = cache ? &cache->blocks[b] : nullptr;
+    typename ModuleCache::BlockCache* bc = cache ? &cache->blocks[b] : nullptr;
     const Tensor<T> a = block.norm ? block.norm->forward(h, bc ? &bc->norm : nullptr) : h;
-    Tensor<T> y = block.attention->forward(a, a, a, args, bc ? &bc->module : nullptr).output;
+    Tensor<T> y = block.attention->forward(a, a, a, args, bc ? &bc->attention : nullptr).output;
     for (int64_t i = 0; i < y.numel(); ++i) y[i] += h[i];  // the residual
     h = std::move(y);
   }
@@ -100,7 +117,7 @@ Tensor<T> AttentionClassifier<T>::module_forward(const Tensor<T>& x, Cache* cach
 }
 
 template <class T>
-Tensor<T> AttentionClassifier<T>::module_backward(const Tensor<T>& grad_logits, const Cache& cache,
+Tensor<T> AttentionClassifier<T>::module_backward(const Tensor<T>& grad_logits, const ModuleCache& cache,
                                                   bool want_input_grad) {
   const int64_t N = cache.batch, L = config_.sequence_length, E = config_.embed_dim;
   Tensor<T> g = fc2_->backward(grad_logits, cache.fc2);
@@ -113,8 +130,8 @@ Tensor<T> AttentionClassifier<T>::module_backward(const Tensor<T>& grad_logits, 
   if (norm_) grad_h = norm_->backward(grad_h, cache.norm);
   for (size_t b = blocks_.size(); b-- > 0;) {
     Block& block = blocks_[b];
-    const BlockCache& bc = cache.blocks[b];
-    auto grads = block.attention->backward(grad_h, bc.module);
+    const typename ModuleCache::BlockCache& bc = cache.blocks[b];
+    auto grads = block.attention->backward(grad_h, bc.attention);
     // Self-attention: query, key and value are the same tensor.
     Tensor<T> grad_a = std::move(grads.grad_query);
     for (int64_t i = 0; i < grad_a.numel(); ++i) grad_a[i] += grads.grad_key[i] + grads.grad_value[i];
@@ -136,26 +153,29 @@ Tensor<T> AttentionClassifier<T>::forward(const Tensor<T>& x, Cache* cache) {
   check(x.defined() && x.dim() == 3 && x.size(0) >= 1 && x.size(1) == L && x.size(2) == config_.input_dim,
         "AttentionClassifier: input: expected shape (N, ", L, ", ", config_.input_dim, ") with N >= 1, got ",
         x.defined() ? "shape " + to_string(x.shape()) : std::string("an undefined tensor"));
-  if (cache) {
-    cache->batch = x.size(0);
-    cache->path = compute_path;
-    cache->blocks.resize(blocks_.size());
-  }
-  return compute_path == ComputePath::fused ? fused_forward(x, cache) : module_forward(x, cache);
+  const int64_t N = x.size(0);
+  if (path_ == ComputePath::fused) return fused_forward(x, start_state<FusedCache>(cache, N, blocks_.size()));
+  return module_forward(x, start_state<ModuleCache>(cache, N, blocks_.size()));
 }
 
 template <class T>
 Tensor<T> AttentionClassifier<T>::backward(const Tensor<T>& grad_logits, Cache& cache, bool want_input_grad) {
-  check(cache.batch >= 1 && cache.blocks.size() == blocks_.size(),
+  FusedCache* fused = std::get_if<FusedCache>(&cache);
+  ModuleCache* module = std::get_if<ModuleCache>(&cache);
+  check(fused || module,
         "AttentionClassifier::backward: cache: expected the cache filled by forward, got an empty cache");
-  check(cache.path == compute_path, "AttentionClassifier::backward: cache: filled on the ",
-        cache.path == ComputePath::fused ? "fused" : "module", " path, but compute_path is now ",
-        compute_path == ComputePath::fused ? "fused" : "module");
-  check(grad_logits.defined(), "AttentionClassifier::backward: grad_logits: expected shape [", cache.batch, ", ",
+  const ComputePath filled_on = fused ? ComputePath::fused : ComputePath::module;
+  check(filled_on == path_, "AttentionClassifier::backward: cache: expected a cache filled on this model's ",
+        path_name(path_), " path, got one filled on the ", path_name(filled_on), " path");
+  const int64_t batch = fused ? fused->batch : module->batch;
+  const size_t blocks = fused ? fused->blocks.size() : module->blocks.size();
+  check(batch >= 1 && blocks == blocks_.size(),
+        "AttentionClassifier::backward: cache: expected the cache filled by forward, got an empty cache");
+  check(grad_logits.defined(), "AttentionClassifier::backward: grad_logits: expected shape [", batch, ", ",
         config_.num_classes, "], got an undefined tensor");
-  check_shape(grad_logits.shape(), {cache.batch, config_.num_classes}, "AttentionClassifier::backward: grad_logits");
-  return compute_path == ComputePath::fused ? fused_backward(grad_logits, cache, want_input_grad)
-                                            : module_backward(grad_logits, cache, want_input_grad);
+  check_shape(grad_logits.shape(), {batch, config_.num_classes}, "AttentionClassifier::backward: grad_logits");
+  return fused ? fused_backward(grad_logits, *fused, want_input_grad)
+               : module_backward(grad_logits, *module, want_input_grad);
 }
 
 template class AttentionClassifier<float>;

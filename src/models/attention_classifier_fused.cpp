@@ -10,7 +10,7 @@
 //   r = dropout(relu(z)); logits = W_2 r + b_2
 //
 // Layout: inside a chunk every activation is a (features, L, 16) array with the image index
-// innermost, x[(f·L + i)·16 + m] (the "lanes" layout of attention_kernels.h). Then each
+// innermost, x[(f·L + i)·16 + m] (the "lanes" layout of lanes_kernels.h). Then each
 // projection is one BLAS call for the whole chunk, Y (out, L·16) = W (out, in) · X (in, L·16),
 // its weight gradient one more, dW += dY · Xᵀ, with K = L·16; the attention kernels read a
 // head's q, k, v rows as they are; LayerNorm, pooling and the residual adds are vertical loops
@@ -19,18 +19,15 @@
 // Lanes past the end of a partial chunk hold zeros: they stay finite and get zero gradient, so
 // they add nothing to the parameter gradients.
 //
-// Why not OpenBLAS's own threads: its workers spin for a while after each call, and so do
-// OpenMP's after each parallel region; on a 2-core machine the two pools then take turns
-// stealing each other's core (measured 2× slower than either alone). Here every thread is an
-// OpenMP thread and each BLAS call is single-threaded.
-#include <cblas.h>
-
+// Every thread is an OpenMP thread and each BLAS call is single-threaded (SingleThreadedBlas; why
+// not OpenBLAS's own threads: mha/core/blas_threads.h).
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "mha/core/blas_threads.h"
 #include "mha/core/gemm.h"
 #include "mha/models/attention_classifier.h"
 #include "mha/nn/dropout.h"
@@ -38,22 +35,6 @@
 
 namespace mha::models {
 namespace {
-
-// OpenBLAS runs single-threaded while this lives; its previous thread count is restored after.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : saved_(openblas_get_num_threads()) {
-    if (saved_ != 1) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (saved_ != 1) openblas_set_num_threads(saved_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int saved_;
-};
 
 // A parameter's value and the offset of its gradient in a chunk's gradient buffer.
 template <class T>
@@ -161,10 +142,8 @@ E* reuse(Tensor<E>& t, const Shape& shape) {
 
 }  // namespace
 
-void keep_blas_single_threaded() { openblas_set_num_threads(1); }
-
 template <class T>
-Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache) {
+Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, FusedCache* cache) {
   const AttentionClassifierConfig& c = config_;
   const int64_t N = x.size(0), L = c.sequence_length, Din = c.input_dim, E = c.embed_dim, H = c.num_heads,
                 d = E / H, hidden = c.hidden_dim, C = c.num_classes, B = c.num_blocks, cols = L * kW;
@@ -185,7 +164,7 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
   if (cache) {
     reuse(cache->input, {chunks, Din, L, kW});
     for (int64_t b = 0; b < B; ++b) {
-      BlockCache& bc = cache->blocks[static_cast<size_t>(b)];
+      typename FusedCache::BlockCache& bc = cache->blocks[static_cast<size_t>(b)];
       reuse(bc.attention_input, {chunks, E, L, kW});
       if (c.pre_norm) {
         reuse(bc.normalized, {chunks, E, L, kW});
@@ -238,7 +217,7 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
         }
 
     for (int64_t b = 0; b < B; ++b) {
-      BlockCache* bc = cache ? &cache->blocks[static_cast<size_t>(b)] : nullptr;
+      typename FusedCache::BlockCache* bc = cache ? &cache->blocks[static_cast<size_t>(b)] : nullptr;
       T* a = place(bc ? &bc->attention_input : nullptr, E * cols, s.a);
       if (c.pre_norm)
         detail::layer_norm_lanes(h, E, cols, w.norm_w[b].value, w.norm_b[b].value, static_cast<T>(kEps), a,
@@ -295,7 +274,8 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, Cache* cache
 }
 
 template <class T>
-Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, Cache& cache, bool want_input_grad) {
+Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, FusedCache& cache,
+                                                 bool want_input_grad) {
   const AttentionClassifierConfig& c = config_;
   const int64_t N = cache.batch, L = c.sequence_length, Din = c.input_dim, E = c.embed_dim, H = c.num_heads,
                 d = E / H, hidden = c.hidden_dim, C = c.num_classes, B = c.num_blocks, cols = L * kW;
@@ -359,7 +339,7 @@ Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, C
       T* dmerged = Scratch<T>::get(s.dmerged, E * cols);
       T* dqkv = Scratch<T>::get(s.dqkv, 3 * E * cols);
       for (int64_t b = B; b-- > 0;) {
-        const BlockCache& bc = cache.blocks[static_cast<size_t>(b)];
+        const typename FusedCache::BlockCache& bc = cache.blocks[static_cast<size_t>(b)];
         // out_proj, then the attention core head by head, then in_proj.
         linear_backward(w.out_w[b].value, E, E, at(bc.merged, E * cols), cols, dh, grad(w.out_w[b]),
                         grad(w.out_b[b]), dmerged);
@@ -423,9 +403,9 @@ Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, C
   return grad_x;
 }
 
-template Tensor<float> AttentionClassifier<float>::fused_forward(const Tensor<float>&, Cache*);
-template Tensor<double> AttentionClassifier<double>::fused_forward(const Tensor<double>&, Cache*);
-template Tensor<float> AttentionClassifier<float>::fused_backward(const Tensor<float>&, Cache&, bool);
-template Tensor<double> AttentionClassifier<double>::fused_backward(const Tensor<double>&, Cache&, bool);
+template Tensor<float> AttentionClassifier<float>::fused_forward(const Tensor<float>&, FusedCache*);
+template Tensor<double> AttentionClassifier<double>::fused_forward(const Tensor<double>&, FusedCache*);
+template Tensor<float> AttentionClassifier<float>::fused_backward(const Tensor<float>&, FusedCache&, bool);
+template Tensor<double> AttentionClassifier<double>::fused_backward(const Tensor<double>&, FusedCache&, bool);
 
 }  // namespace mha::models

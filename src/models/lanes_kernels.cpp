@@ -1,10 +1,7 @@
 // The fused path's SIMD kernels (lanes_kernels.h), compiled once per SIMD target by Highway and
-// dispatched at run time to the best one this CPU supports.
-//
-// Scalable-vector targets (SVE, RVV) are left out, as in the cpu_flash kernels.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
-#endif
+// dispatched at run time to the best one this CPU supports (mha::pin_simd_target in
+// mha/core/simd.h pins it). The targets are those of the cpu_flash kernels, core/simd_targets.h.
+#include "core/simd_targets.h"  // first: it sets the targets Highway compiles for
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "models/lanes_kernels.cpp"
@@ -340,7 +337,6 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "models/lanes_kernels.h"
-#include "mha/core/error.h"
 
 namespace mha::models::detail {
 
@@ -396,23 +392,6 @@ void attention_chunk_backward(const double* q, const double* k, const double* v,
                               const double* d_o, int64_t len, int64_t d, double scale, double* dq, double* dk,
                               double* dv, double* scratch) {
   HWY_DYNAMIC_DISPATCH(BackwardF64)(q, k, v, probs, d_o, len, d, scale, dq, dk, dv, scratch);
-}
-
-std::vector<std::string> lanes_kernel_targets() {
-  std::vector<std::string> names;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) names.push_back(hwy::TargetName(target));
-  return names;
-}
-
-void force_lanes_kernel_target(const std::string& name) {
-  hwy::SetSupportedTargetsForTest(0);  // undo an earlier pin, so every target is listed
-  if (name.empty()) return;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets())
-    if (name == hwy::TargetName(target)) {
-      hwy::SetSupportedTargetsForTest(target);
-      return;
-    }
-  throw Error("force_lanes_kernel_target: '" + name + "' is not a compiled target this CPU supports");
 }
 
 }  // namespace mha::models::detail

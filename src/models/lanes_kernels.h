@@ -12,16 +12,15 @@
 // G lanes (16 floats with AVX-512, 8 with AVX2) covers G images; kLanes = 16 is a multiple of
 // every G. All 16 lanes are computed; lanes past a partial chunk's end hold zeros and stay finite.
 //
-// Highway picks the SIMD target at run time (AVX-512, AVX2, SSE4, ... or scalar code), and the
-// exponential is Highway's Exp (hwy/contrib/math).
+// Highway picks the SIMD target at run time (AVX-512, AVX2, SSE4, ... or scalar code; for tests,
+// mha::pin_simd_target in mha/core/simd.h pins it), and the exponential is Highway's Exp
+// (hwy/contrib/math).
 //
 // q, k, v, o, dq, dk, dv: a head's d features, each an (L, kLanes) block, so x(i, c) is at
 // x[(c·L + i)·kLanes + m] (the head's rows of the chunk's (3E, L, kLanes) projection). probs:
 // (L, L, kLanes), probs[(i·L + j)·kLanes + m] = P_m[i][j] for query i and key j.
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <vector>
 
 namespace mha::models::detail {
 
@@ -53,10 +52,5 @@ void layer_norm_lanes(const T* x, int64_t width, int64_t cols, const T* weight, 
 template <class T>
 void layer_norm_lanes_backward(const T* dy, const T* normalized, const T* rstd, int64_t width, int64_t cols,
                                const T* weight, T* grad_weight, T* grad_bias, T* dx, T* scratch);
-
-// For tests: the SIMD targets compiled in that this CPU runs (best first), and pinning the
-// kernels to one of them ("" undoes it).
-std::vector<std::string> lanes_kernel_targets();
-void force_lanes_kernel_target(const std::string& name);
 
 }  // namespace mha::models::detail

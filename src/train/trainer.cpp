@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "mha/core/blas_threads.h"
 #include "mha/core/random.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/cross_entropy.h"
@@ -296,7 +297,7 @@ Trainer::Trainer(const TrainingConfig& config, const data::LabelledImages& train
   check(train_.count >= 1 && test_.count >= 1, "Trainer: expected at least one training and one test image, got ",
         train_.count, " and ", test_.count);
 
-  models::keep_blas_single_threaded();  // the fused path threads with OpenMP (attention_classifier.h)
+  keep_blas_single_threaded();  // the fused path threads with OpenMP (mha/core/blas_threads.h)
   model_ = std::make_unique<models::AttentionClassifier<float>>(config_.model, config_.seed);
   optim::AdamWOptions options;
   options.lr = config_.lr;

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "../../src/attention/cpu_flash/cpu_flash.h"  // internal: the SIMD target list and pinning
 #include "../support/assertions.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
+#include "mha/core/simd.h"
 
 namespace mha::attention {
 namespace {
@@ -398,11 +398,11 @@ TEST(CpuFlash, RefusesDouble) {
 // 128-bit or scalar) runs a few sweep cases, so a CI machine without AVX-512 runs the code it
 // will really use, and this machine checks the code paths it would not otherwise take.
 TEST(CpuFlash, EveryCompiledTargetMatchesReference) {
-  const std::vector<std::string> targets = detail::cpu_flash_targets();
+  const std::vector<std::string> targets = simd_targets();
   ASSERT_FALSE(targets.empty());
   for (const std::string& target : targets) {
     SCOPED_TRACE("target " + target);
-    detail::force_cpu_flash_target(target);
+    const ScopedSimdTarget pin(target);
     Case c;
     c.q_heads = 4;
     c.kv_heads = 2;
@@ -428,7 +428,6 @@ TEST(CpuFlash, EveryCompiledTargetMatchesReference) {
     EXPECT_TRUE(std::isnan(r.output[0]));
     EXPECT_NEAR(r.output[1], 1.0f, 1e-6f);
   }
-  detail::force_cpu_flash_target("");
 }
 
 }  // namespace

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "../../src/models/lanes_kernels.h"
 #include "../support/assertions.h"
 #include "../support/gradient_check.h"
+#include "mha/core/simd.h"
 
 namespace {
 
@@ -102,9 +102,8 @@ TEST(AttentionClassifier, ModulePathGradientsMatchFiniteDifferences) {
     SCOPED_TRACE("projection " + std::to_string(v.projection) + " positions " + std::to_string(v.positions) +
                  " pre_norm " + std::to_string(v.pre_norm) + " blocks " + std::to_string(v.blocks));
     const AttentionClassifierConfig c = small_config(v.projection, v.positions, v.pre_norm, v.blocks);
-    AttentionClassifier<double> model(c, 7);
+    AttentionClassifier<double> model(c, 7, ComputePath::module);
     randomize(model, 8);
-    model.compute_path = ComputePath::module;
     model.eval();
     const Tensor<double> x = random_tensor<double>({2, c.sequence_length, c.input_dim}, 9);
     const Tensor<double> grad_out = random_tensor<double>({2, c.num_classes}, 10);
@@ -127,10 +126,9 @@ TEST(AttentionClassifier, ModulePathGradientsMatchFiniteDifferences) {
 // parameter gradient, in double to 1e-12, for batches that fill one chunk, several, and part of one.
 template <class T>
 void expect_fused_matches_module(const AttentionClassifierConfig& c, int64_t batch, double tolerance, bool training) {
-  AttentionClassifier<T> fused(c, 3), reference(c, 3);
+  AttentionClassifier<T> fused(c, 3), reference(c, 3, ComputePath::module);
   randomize(fused, 4);
   randomize(reference, 4);
-  reference.compute_path = ComputePath::module;
   fused.train(training);
   reference.train(training);
   const Tensor<T> x = random_tensor<T>({batch, c.sequence_length, c.input_dim}, 5);
@@ -183,7 +181,7 @@ TEST(AttentionClassifier, FusedPathMatchesModulePathWithDropoutAndRealShapes) {
 // The SIMD kernels (attention, LayerNorm) run on the best target by default; every compiled
 // target the CPU supports must give the module path's results.
 TEST(AttentionClassifier, EverySimdTargetMatchesModulePath) {
-  const auto targets = mha::models::detail::lanes_kernel_targets();
+  const auto targets = mha::simd_targets();
   ASSERT_FALSE(targets.empty());
   std::string listed;
   for (const auto& t : targets) listed += " " + t;
@@ -194,11 +192,10 @@ TEST(AttentionClassifier, EverySimdTargetMatchesModulePath) {
   c.input_projection = c.pre_norm = true;
   for (const std::string& target : targets) {
     SCOPED_TRACE(target);
-    mha::models::detail::force_lanes_kernel_target(target);
+    const mha::ScopedSimdTarget pin(target);
     expect_fused_matches_module<double>(c, 19, 1e-12, false);
     expect_fused_matches_module<float>(c, 19, 2e-5, false);
   }
-  mha::models::detail::force_lanes_kernel_target("");
 }
 
 TEST(AttentionClassifier, FusedPathIsBitwiseTheSameForAnyThreadCount) {
@@ -260,8 +257,17 @@ TEST(AttentionClassifier, RefusesBadConfigAndInput) {
   AttentionClassifier<float>::Cache cache;
   model.forward(Tensor<float>({2, 28, 28}), &cache);
   EXPECT_TRUE(throws_error([&] { model.backward(Tensor<float>({3, 10}), cache); }, {"grad_logits", "[2, 10]", "[3, 10]"}));
-  model.compute_path = ComputePath::module;
-  EXPECT_TRUE(throws_error([&] { model.backward(Tensor<float>({2, 10}), cache); }, {"fused", "module"}));
+  // The path is the model's: a cache filled on the other one is refused, either way round.
+  EXPECT_EQ(model.compute_path(), ComputePath::fused);
+  AttentionClassifier<float> module_model(AttentionClassifierConfig{}, 0, ComputePath::module);
+  EXPECT_EQ(module_model.compute_path(), ComputePath::module);
+  EXPECT_TRUE(throws_error([&] { module_model.backward(Tensor<float>({2, 10}), cache); },
+                           {"cache", "this model's module path", "filled on the fused path"}));
+  AttentionClassifier<float>::Cache module_cache;
+  module_model.forward(Tensor<float>({2, 28, 28}), &module_cache);
+  EXPECT_TRUE(throws_error([&] { model.backward(Tensor<float>({2, 10}), module_cache); },
+                           {"cache", "this model's fused path", "filled on the module path"}));
+  EXPECT_TRUE(throws_error([&] { module_model.backward(Tensor<float>({2, 10}), empty); }, {"cache", "empty"}));
 }
 
 }  // namespace

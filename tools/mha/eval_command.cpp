@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "mha/core/blas_threads.h"
 #include "mha/data/fashion_mnist.h"
 #include "mha/train/trainer.h"
 #include "mha/viz/charts.h"
@@ -23,7 +24,7 @@ struct EvalArgs {
 void run(const EvalArgs& args) {
   if (!args.confusion_png.empty()) check_output_directory(args.confusion_png, "--confusion-png");
   const train::Checkpoint c = train::read_checkpoint(args.checkpoint);
-  models::keep_blas_single_threaded();
+  keep_blas_single_threaded();  // the fused path threads with OpenMP (mha/core/blas_threads.h)
   models::AttentionClassifier<float> model(c.config.model, c.config.seed);
   model.load_state_dict(c.model);
   const data::Split split = args.split == "train" ? data::Split::train : data::Split::test;

@@ -16,7 +16,8 @@
 // blocks.<i>.norm.{weight,bias}, blocks.<i>.attention.{in_proj_weight,in_proj_bias,
 // out_proj.weight,out_proj.bias}, norm.{weight,bias}, fc1.{weight,bias}, fc2.{weight,bias}.
 //
-// Two implementations of forward/backward compute the same function:
+// Two implementations of forward/backward compute the same function; the path is chosen when
+// the model is built (the constructor's `path`), and a Cache holds the state of one of them:
 //   ComputePath::fused (the default) is written for these small shapes and for speed. The batch
 //     is cut into chunks of kChunk = 16 images, kept with the image index innermost so that
 //     SIMD lanes hold images; each chunk runs the whole network (one BLAS call per projection,
@@ -24,6 +25,7 @@
 //     with its own parameter-gradient buffer; the buffers are summed in chunk order at the end.
 //     So a step has one parallel region for forward and one for backward, and its results are
 //     bitwise the same for any number of threads (src/models/attention_classifier_fused.cpp).
+//     It calls BLAS single-threaded (mha/core/blas_threads.h).
 //   ComputePath::module runs the layers' own forward/backward (nn::Linear, nn::LayerNorm,
 //     nn::MultiheadAttention with batch_first, need_weights=false, ...): the reference that the
 //     tests hold the fused path to. It is ~10× slower here: MultiheadAttention's general path
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <variant>
 #include <vector>
 
 #include "mha/core/random.h"
@@ -65,64 +68,67 @@ struct AttentionClassifierConfig {
 
 enum class ComputePath { fused, module };
 
-// The fused path runs its own threads (OpenMP) and calls BLAS single-threaded: each forward and
-// backward switches OpenBLAS to one thread and back, which costs about a millisecond. A program
-// that runs the fused path many times (the training loop, `mha eval`) calls this once to leave
-// OpenBLAS single-threaded, so the switches are no-ops.
-void keep_blas_single_threaded();
-
 template <class T>
 class AttentionClassifier : public nn::Module<T> {
  public:
   // Images per chunk on the fused path (a fixed number, so results do not depend on threads).
-  static constexpr int64_t kChunk = 16;  // = the attention kernels' image lanes
+  static constexpr int64_t kChunk = 16;  // = the image lanes of src/models/lanes_kernels.h
 
-  // Everything backward needs, filled by forward. A Cache may be reused from step to step; its
-  // buffers are then reused when the batch size is unchanged.
-  struct BlockCache {
-    // Fused path, per chunk of kChunk images in the lanes layout (features, L, kChunk).
-    Tensor<T> attention_input;  // (chunks, E, L, 16): the block's input, or its LayerNorm
-    Tensor<T> normalized;       // (chunks, E, L, 16) and rstd (chunks, L, 16): the LayerNorm's
-    Tensor<T> rstd;
-    Tensor<T> qkv;              // (chunks, 3E, L, 16): packed q, k, v projections
-    Tensor<T> probabilities;    // (chunks, H, L, L, 16): P[query][key] per image
-    Tensor<T> merged;           // (chunks, E, L, 16): heads merged, the input of out_proj
-    typename nn::LayerNorm<T>::Cache norm;  // (module path)
-    nn::MultiheadAttentionCache<T> module;  // (module path)
-  };
-  struct Cache {
+  // Everything backward needs, filled by forward: the state of the path the model runs. A
+  // Cache may be reused from step to step; its buffers are then reused when the batch size is
+  // unchanged.
+  struct ModuleCache {  // the layers' own caches
+    struct BlockCache {
+      typename nn::LayerNorm<T>::Cache norm;  // with pre_norm
+      nn::MultiheadAttentionCache<T> attention;
+    };
     int64_t batch = 0;
-    ComputePath path = ComputePath::fused;
-    std::vector<BlockCache> blocks;
-    // Fused path, per chunk in the lanes layout.
-    Tensor<T> input;                       // (chunks, input_dim, L, 16)
-    Tensor<T> normalized, rstd;            // the final LayerNorm's (pre_norm)
-    Tensor<T> pooled;                      // (chunks, E, 16)
-    Tensor<T> fc1_output;                  // (chunks, hidden, 16), before the ReLU
-    Tensor<T> fc2_input;                   // (chunks, hidden, 16), after ReLU and dropout
-    Tensor<bool> keep;                     // the dropout mask (N, hidden), when one was drawn
-    std::vector<std::vector<T>> chunk_grads;  // backward's per-chunk gradient buffers
-    std::vector<T> summed_grads;              // and their sum
-    // Module path.
     typename nn::Linear<T>::Cache input_projection;
-    typename nn::LayerNorm<T>::Cache norm;
+    std::vector<BlockCache> blocks;
+    typename nn::LayerNorm<T>::Cache norm;  // the final LayerNorm's (pre_norm)
     typename nn::Linear<T>::Cache fc1, fc2;
     typename nn::ReLU<T>::Cache relu;
     typename nn::Dropout<T>::Cache dropout;
   };
+  struct FusedCache {  // per chunk of kChunk images, in the lanes layout (features, L, kChunk)
+    struct BlockCache {
+      Tensor<T> attention_input;  // (chunks, E, L, 16): the block's input, or its LayerNorm
+      Tensor<T> normalized;       // (chunks, E, L, 16) and rstd (chunks, L, 16): the LayerNorm's
+      Tensor<T> rstd;
+      Tensor<T> qkv;              // (chunks, 3E, L, 16): packed q, k, v projections
+      Tensor<T> probabilities;    // (chunks, H, L, L, 16): P[query][key] per image
+      Tensor<T> merged;           // (chunks, E, L, 16): heads merged, the input of out_proj
+    };
+    int64_t batch = 0;
+    Tensor<T> input;                          // (chunks, input_dim, L, 16)
+    std::vector<BlockCache> blocks;
+    Tensor<T> normalized, rstd;               // the final LayerNorm's (pre_norm)
+    Tensor<T> pooled;                         // (chunks, E, 16)
+    Tensor<T> fc1_output;                     // (chunks, hidden, 16), before the ReLU
+    Tensor<T> fc2_input;                      // (chunks, hidden, 16), after ReLU and dropout
+    Tensor<bool> keep;                        // the dropout mask (N, hidden), when one was drawn
+    std::vector<std::vector<T>> chunk_grads;  // backward's per-chunk gradient buffers
+    std::vector<T> summed_grads;              // and their sum
+  };
+  // Empty (std::monostate) until a forward fills it.
+  using Cache = std::variant<std::monostate, ModuleCache, FusedCache>;
 
   // Parameters initialised from `seed` as PyTorch initialises each layer (Linear:
   // U(±1/sqrt(fan_in)); MultiheadAttention: xavier_uniform in_proj, zero biases; LayerNorm: 1, 0;
   // positions: N(0, 0.02²)). The dropout masks are drawn from `seed` too (mha/nn/dropout.h).
-  explicit AttentionClassifier(const AttentionClassifierConfig& config, uint64_t seed = 0);
+  // `path` picks the implementation of forward and backward for the model's lifetime.
+  explicit AttentionClassifier(const AttentionClassifierConfig& config, uint64_t seed = 0,
+                               ComputePath path = ComputePath::fused);
 
   const AttentionClassifierConfig& config() const { return config_; }
+  ComputePath compute_path() const { return path_; }
 
   // x (N, L, input_dim) → logits (N, num_classes). In training mode the dropout layer draws a
   // new mask (and advances its counter).
   Tensor<T> forward(const Tensor<T>& x, Cache* cache = nullptr);
   // Adds every parameter's gradient of sum(logits ∘ grad_logits); returns the input's gradient
   // (an undefined tensor when want_input_grad is false, which saves its computation).
+  // Throws mha::Error for an empty cache or one filled by a model on the other path.
   // The cache is not const: the fused path keeps its per-chunk gradient buffers in it.
   Tensor<T> backward(const Tensor<T>& grad_logits, Cache& cache, bool want_input_grad = true);
 
@@ -132,19 +138,18 @@ class AttentionClassifier : public nn::Module<T> {
   uint64_t dropout_counter() const { return dropout_.counter(); }
   void set_dropout_counter(uint64_t counter) { dropout_.set_counter(counter); }
 
-  ComputePath compute_path = ComputePath::fused;
-
  private:
   struct Block {
     std::optional<nn::LayerNorm<T>> norm;
     std::unique_ptr<nn::MultiheadAttention<T>> attention;
   };
-  Tensor<T> module_forward(const Tensor<T>& x, Cache* cache);
-  Tensor<T> module_backward(const Tensor<T>& grad_logits, const Cache& cache, bool want_input_grad);
-  Tensor<T> fused_forward(const Tensor<T>& x, Cache* cache);
-  Tensor<T> fused_backward(const Tensor<T>& grad_logits, Cache& cache, bool want_input_grad);
+  Tensor<T> module_forward(const Tensor<T>& x, ModuleCache* cache);
+  Tensor<T> module_backward(const Tensor<T>& grad_logits, const ModuleCache& cache, bool want_input_grad);
+  Tensor<T> fused_forward(const Tensor<T>& x, FusedCache* cache);
+  Tensor<T> fused_backward(const Tensor<T>& grad_logits, FusedCache& cache, bool want_input_grad);
 
   AttentionClassifierConfig config_;
+  ComputePath path_;
   std::optional<nn::Linear<T>> input_projection_;
   Tensor<T> positions_, grad_positions_;  // (1, L, E) when learned_positions
   std::vector<Block> blocks_;

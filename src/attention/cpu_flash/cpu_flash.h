@@ -14,10 +14,8 @@
 // and per-chunk parts (L = S = 65536, d = 64: about 32 MiB). L×S only when the weights are asked
 // for. Results are bitwise the same for any number of threads.
 // The SIMD code is chosen at run time among the targets the CPU supports (Highway dynamic
-// dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code).
-#include <string>
-#include <vector>
-
+// dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code); mha::pin_simd_target
+// (mha/core/simd.h) pins it, for tests.
 #include "../problem.h"
 #include "mha/attention/attention.h"
 
@@ -29,11 +27,5 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
 Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
                                     const Tensor<float>& key, const Tensor<float>& value, const Tensor<float>& output,
                                     const Tensor<double>& logsumexp, const Tensor<float>& grad_output);
-
-// For tests: the SIMD targets compiled into the library that this CPU can run (e.g. "AVX3",
-// "AVX2", "SSE4", "EMU128"), best first, and a way to pin the kernel to one of them so every
-// compiled code path is checked against the reference. force_cpu_flash_target("") undoes it.
-std::vector<std::string> cpu_flash_targets();
-void force_cpu_flash_target(const std::string& name);
 
 }  // namespace mha::attention::detail

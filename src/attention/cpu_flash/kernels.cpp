@@ -1,12 +1,9 @@
 // Compiles kernels-inl.h once per SIMD target and dispatches each call of kernels.h to the best
-// target this CPU supports (chosen once, at the first call).
-//
-// Scalable-vector targets (SVE, RVV) are left out: the micro-kernel keeps its accumulators in an
-// array of vectors, which sizeless vector types do not allow. Fixed-width targets cover x86
-// (AVX-512, AVX2, SSE4, SSSE3) and Arm (NEON), with portable scalar code as the fallback.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
-#endif
+// target this CPU supports (chosen once, at the first call; mha::pin_simd_target in
+// mha/core/simd.h pins it). The targets are those of core/simd_targets.h: the micro-kernel keeps
+// its accumulators in an array of vectors, which the scalable-vector targets (SVE, RVV) it leaves
+// out do not allow.
+#include "core/simd_targets.h"  // first: it sets the targets Highway compiles for
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/cpu_flash/kernels.cpp"
@@ -15,11 +12,7 @@
 #include "attention/cpu_flash/kernels-inl.h"
 
 #if HWY_ONCE
-#include <string>
-#include <vector>
-
-#include "attention/cpu_flash/cpu_flash.h"
-#include "mha/core/error.h"
+#include "attention/cpu_flash/kernels.h"
 
 namespace mha::attention::detail::cpu_flash {
 
@@ -68,32 +61,4 @@ void dropout_tile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, 
 
 }  // namespace mha::attention::detail::cpu_flash
 
-namespace mha::attention::detail {
-namespace {
-// The targets compiled in (HWY_TARGETS) that this CPU supports, best first, whatever is pinned.
-std::vector<int64_t> available_targets(int64_t pinned) {
-  hwy::SetSupportedTargetsForTest(0);
-  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  hwy::SetSupportedTargetsForTest(pinned);
-  return targets;
-}
-int64_t pinned_target = 0;  // 0: none
-}  // namespace
-
-std::vector<std::string> cpu_flash_targets() {
-  std::vector<std::string> names;
-  for (int64_t target : available_targets(pinned_target)) names.push_back(hwy::TargetName(target));
-  return names;
-}
-
-void force_cpu_flash_target(const std::string& name) {
-  int64_t target = 0;
-  for (int64_t t : available_targets(0))
-    if (name == hwy::TargetName(t)) target = t;
-  check(name.empty() || target != 0, "force_cpu_flash_target: no target named '", name, "' here");
-  pinned_target = target;
-  hwy::SetSupportedTargetsForTest(target);  // 0: back to the CPU's own best target
-}
-
-}  // namespace mha::attention::detail
 #endif  // HWY_ONCE
