@@ -2,8 +2,6 @@
 // keeps the choice itself: SetSupportedTargetsForTest(mask) makes every HWY_DYNAMIC_DISPATCH call
 // in the process use the best target of `mask` (0: of the CPU's own), so one pin covers all the
 // kernels. Highway cannot be asked what is pinned, so it is remembered here.
-#include "core/simd_targets.h"  // first: the targets the kernels are compiled for
-
 #include "mha/core/simd.h"
 
 #include <cstdint>

@@ -1,8 +1,7 @@
 // The fused path's SIMD kernels (lanes_kernels.h), compiled once per SIMD target by Highway and
 // dispatched at run time to the best one this CPU supports (mha::pin_simd_target in
-// mha/core/simd.h pins it). The targets are those of the cpu_flash kernels, core/simd_targets.h.
-#include "core/simd_targets.h"  // first: it sets the targets Highway compiles for
-
+// mha/core/simd.h pins it). The targets are those of every mha library (HWY_DISABLED_TARGETS in
+// CMakeLists.txt).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "models/lanes_kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

@@ -1,10 +1,8 @@
 // Compiles kernels-inl.h once per SIMD target and dispatches each call of kernels.h to the best
 // target this CPU supports (chosen once, at the first call; mha::pin_simd_target in
-// mha/core/simd.h pins it). The targets are those of core/simd_targets.h: the micro-kernel keeps
-// its accumulators in an array of vectors, which the scalable-vector targets (SVE, RVV) it leaves
-// out do not allow.
-#include "core/simd_targets.h"  // first: it sets the targets Highway compiles for
-
+// mha/core/simd.h pins it). The targets are the library's (HWY_DISABLED_TARGETS, set for every mha
+// library in CMakeLists.txt): the micro-kernel keeps its accumulators in an array of vectors,
+// which the scalable-vector targets (SVE, RVV) left out there do not allow.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/cpu_flash/kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
