@@ -28,9 +28,9 @@
 //     It calls BLAS single-threaded (mha/core/blas_threads.h).
 //   ComputePath::module runs the layers' own forward/backward (nn::Linear, nn::LayerNorm,
 //     nn::MultiheadAttention with batch_first, need_weights=false, ...): the reference that the
-//     tests hold the fused path to. It is ~10× slower here: MultiheadAttention's general path
-//     permutes q/k/v into (N, H, L, d) copies and its attention backends are built for long
-//     sequences.
+//     tests hold the fused path to. It is 3–5× slower here (8× when left to OpenBLAS's own
+//     threads; docs/training.md has the figures): MultiheadAttention's general path permutes
+//     q/k/v into (N, H, L, d) copies and its attention backends are built for long sequences.
 #include <cstdint>
 #include <memory>
 #include <optional>
