@@ -16,6 +16,7 @@ packages=(
   libpng-dev
   zlib1g-dev
   libhwy-dev
+  libutf8proc-dev
   libgtest-dev
   libbenchmark-dev
   dataset-fashion-mnist

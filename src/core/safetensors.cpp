@@ -2,17 +2,18 @@
 
 #include "mha/core/atomic_file.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -214,7 +215,7 @@ std::optional<To> convert_element(From value) {
 // Decodes every element of `data`, stored as `Stored` and turned into a number by `decode`, into
 // `out`.
 template <class Stored, class T, class Decode>
-void decode_elements(Tensor<T>& out, const TensorData& data, const std::string& name, Decode decode) {
+void decode_elements(Tensor<T>& out, const TensorRef& data, const std::string& name, Decode decode) {
   for (int64_t i = 0; i < out.numel(); ++i) {
     Stored stored;
     std::memcpy(&stored, data.bytes.data() + static_cast<size_t>(i) * sizeof(Stored), sizeof(Stored));
@@ -473,7 +474,16 @@ DType dtype_from_string(const std::string& name) {
 
 size_t dtype_size(DType dtype) { return info(dtype).size; }
 
-File parse(std::span<const std::byte> bytes) {
+namespace {
+
+// A file image's header, validated: its metadata and tensors (each with its bytes inside the
+// image), checked against every rule of the format before any tensor is read.
+struct Index {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, TensorRef> tensors;
+};
+
+Index read_index(std::span<const std::byte> bytes) {
   check(bytes.size() >= kHeaderSizeBytes, "safetensors: file is ", bytes.size(),
         " bytes, too short for the 8-byte header size");
   uint64_t header_size = 0;
@@ -488,11 +498,11 @@ File parse(std::span<const std::byte> bytes) {
   const std::span<const std::byte> data = bytes.subspan(kHeaderSizeBytes + static_cast<size_t>(header_size));
 
   const Json header = parse_header_json(header_text);
-  File file;
+  Index index;
   std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
-      file.metadata = read_metadata(value);
+      index.metadata = read_metadata(value);
       continue;
     }
     Entry entry = read_entry(key, value);
@@ -506,13 +516,34 @@ File parse(std::span<const std::byte> bytes) {
   for (Entry& entry : entries) {
     const auto tensor_bytes = data.subspan(static_cast<size_t>(entry.begin),
                                            static_cast<size_t>(entry.end - entry.begin));
-    file.tensors.emplace(std::move(entry.name),
-                         TensorData{entry.dtype, std::move(entry.shape), {tensor_bytes.begin(), tensor_bytes.end()}});
+    index.tensors.emplace(std::move(entry.name), TensorRef{entry.dtype, std::move(entry.shape), tensor_bytes});
   }
+  return index;
+}
+
+// The tensor `name` of `tensors`, or an mha::Error listing the names there are.
+template <class Tensors>
+const typename Tensors::mapped_type& require_in(const Tensors& tensors, const std::string& name,
+                                               const std::string& what) {
+  const auto found = tensors.find(name);
+  if (found != tensors.end()) return found->second;
+  std::string names;
+  for (const auto& [have, tensor] : tensors) names += (names.empty() ? "" : ", ") + have;
+  throw Error(what + ": no tensor named '" + name + "' (have: " + (names.empty() ? "none" : names) + ")");
+}
+
+}  // namespace
+
+File parse(std::span<const std::byte> bytes) {
+  Index index = read_index(bytes);
+  File file;
+  file.metadata = std::move(index.metadata);
+  for (auto& [name, tensor] : index.tensors)
+    file.tensors.emplace(name, TensorData{tensor.dtype, std::move(tensor.shape), {tensor.bytes.begin(), tensor.bytes.end()}});
   return file;
 }
 
-File load(const std::string& path) {
+MappedFile::MappedFile(const std::string& path) : path_(path) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   check(!error && fs::exists(status), "safetensors: cannot load '", path, "': ",
@@ -521,23 +552,84 @@ File load(const std::string& path) {
   // A FIFO or device would block the open (or never end); only a regular file has a size to check.
   check(fs::is_regular_file(status), "safetensors: cannot load '", path,
         "': not a regular file (a FIFO, socket or device)");
-  std::ifstream in(path, std::ios::binary);
-  check(in.is_open(), "safetensors: cannot open '", path, "': ", std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  check(in.good() && size >= 0, "safetensors: cannot determine the size of '", path, "'");
-  std::vector<std::byte> bytes(static_cast<size_t>(size));
-  in.read(reinterpret_cast<char*>(bytes.data()), size);
-  check(in.gcount() == size, "safetensors: cannot read '", path, "': got ", in.gcount(), " of ", size, " bytes");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check(fd >= 0, "safetensors: cannot open '", path, "': ", std::strerror(errno));
+  struct stat info {};
+  const bool sized = ::fstat(fd, &info) == 0;
+  const int stat_error = errno;
+  if (sized && info.st_size > 0) {
+    size_ = static_cast<size_t>(info.st_size);
+    // MAP_POPULATE reads the whole file in one go (one fault-in of the page cache pages instead
+    // of one fault per 4 KiB page as the tensors are decoded).
+    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    const int map_error = errno;
+    ::close(fd);
+    check(mapped != MAP_FAILED, "safetensors: cannot map '", path, "': ", std::strerror(map_error));
+    data_ = static_cast<const std::byte*>(mapped);
+  } else {
+    ::close(fd);
+    check(sized, "safetensors: cannot determine the size of '", path, "': ", std::strerror(stat_error));
+  }
   try {
-    return parse(bytes);
+    Index index = read_index({data_, size_});
+    metadata_ = std::move(index.metadata);
+    tensors_ = std::move(index.tensors);
   } catch (const Error& e) {
+    unmap();
     throw Error(std::string(e.what()) + " (in '" + path + "')");
   }
 }
 
-std::vector<std::byte> serialize(const File& file) {
+MappedFile::~MappedFile() { unmap(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      metadata_(std::move(other.metadata_)),
+      tensors_(std::move(other.tensors_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    metadata_ = std::move(other.metadata_);
+    tensors_ = std::move(other.tensors_);
+  }
+  return *this;
+}
+
+void MappedFile::unmap() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+const TensorRef& MappedFile::require(const std::string& name, const std::string& what) const {
+  return require_in(tensors_, name, what);
+}
+
+template <class T>
+Tensor<T> MappedFile::to_tensor(const std::string& name) const {
+  return safetensors::to_tensor<T>(require(name, path_), name);
+}
+
+File load(const std::string& path) {
+  const MappedFile mapped(path);
+  File file;
+  file.metadata = mapped.metadata();
+  for (const auto& [name, tensor] : mapped.tensors())
+    file.tensors.emplace(name, TensorData{tensor.dtype, tensor.shape, {tensor.bytes.begin(), tensor.bytes.end()}});
+  return file;
+}
+
+namespace {
+
+// The header of `file` as written: JSON padded with spaces to a multiple of 8, after checking
+// every tensor's byte count against its shape and dtype.
+std::string header_text(const File& file) {
   OrderedJson header = OrderedJson::object();
   if (!file.metadata.empty()) {
     OrderedJson metadata = OrderedJson::object();
@@ -569,34 +661,58 @@ std::vector<std::byte> serialize(const File& file) {
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   check(header_text.size() <= kMaxHeaderSize, "safetensors: header of ", header_text.size(),
         " bytes exceeds the limit of ", kMaxHeaderSize);
+  return header_text;
+}
 
-  std::vector<std::byte> out;
-  out.reserve(kHeaderSizeBytes + header_text.size() + static_cast<size_t>(offset));
+}  // namespace
+
+std::vector<std::byte> serialize(const File& file) {
+  const std::string header_text = safetensors::header_text(file);
+  size_t data_size = 0;
+  for (const auto& [name, tensor] : file.tensors) data_size += tensor.bytes.size();
+  std::vector<std::byte> out(kHeaderSizeBytes + header_text.size() + data_size);
+  std::byte* at = out.data();
+  auto put = [&](const void* bytes, size_t size) {
+    if (size > 0) std::memcpy(at, bytes, size);
+    at += size;
+  };
   const uint64_t header_size = header_text.size();
-  const auto* size_bytes = reinterpret_cast<const std::byte*>(&header_size);
-  out.insert(out.end(), size_bytes, size_bytes + sizeof(header_size));
-  const auto* text_bytes = reinterpret_cast<const std::byte*>(header_text.data());
-  out.insert(out.end(), text_bytes, text_bytes + header_text.size());
-  for (const auto& [name, tensor] : file.tensors) out.insert(out.end(), tensor.bytes.begin(), tensor.bytes.end());
+  put(&header_size, sizeof(header_size));
+  put(header_text.data(), header_text.size());
+  for (const auto& [name, tensor] : file.tensors) put(tensor.bytes.data(), tensor.bytes.size());
   return out;
 }
 
 void save(const File& file, const std::string& path) {
-  // Serialise first: an invalid File must not touch the disk at all.
-  const std::vector<std::byte> image = serialize(file);
+  // The header first: an invalid File must not touch the disk at all. Then the size, the header
+  // and each tensor's bytes go to the file as they are, with no image of the whole file built.
+  const std::string header = header_text(file);
+  const uint64_t header_size = header.size();
   write_file_atomically(path, "safetensors", [&](std::FILE* out) {
-    check(std::fwrite(image.data(), 1, image.size(), out) == image.size(), "safetensors: cannot write '", path,
-          "': ", std::strerror(errno));
+    auto write = [&](const void* bytes, size_t size) {
+      check(std::fwrite(bytes, 1, size, out) == size, "safetensors: cannot write '", path, "': ",
+            std::strerror(errno));
+    };
+    write(&header_size, sizeof(header_size));
+    write(header.data(), header.size());
+    for (const auto& [name, tensor] : file.tensors) write(tensor.bytes.data(), tensor.bytes.size());
   });
 }
 
 template <class T>
-Tensor<T> to_tensor(const TensorData& data, const std::string& name) {
+Tensor<T> to_tensor(const TensorRef& data, const std::string& name) {
   const std::string where = "safetensors: tensor '" + name + "'";
   const uint64_t needed = byte_size(data.shape, data.dtype, where);
   check(data.bytes.size() == needed, where, ": has ", data.bytes.size(), " bytes but shape ",
         mha::to_string(data.shape), " of ", to_string(data.dtype), " needs ", needed);
   Tensor<T> out(data.shape);
+  // Stored as T itself (F32 into float, F64 into double): the bytes are the values.
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (data.dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
+      if (needed > 0) std::memcpy(out.data(), data.bytes.data(), data.bytes.size());
+      return out;
+    }
+  }
   const auto as_is = [](auto stored, int64_t) { return stored; };
   switch (data.dtype) {
     case DType::BOOL:
@@ -663,16 +779,19 @@ TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
   return data;
 }
 
+template <class T>
+Tensor<T> to_tensor(const TensorData& data, const std::string& name) {
+  return to_tensor<T>(TensorRef{data.dtype, data.shape, data.bytes}, name);
+}
+
 const TensorData& require(const File& file, const std::string& name, const std::string& what) {
-  const auto found = file.tensors.find(name);
-  if (found != file.tensors.end()) return found->second;
-  std::string names;
-  for (const auto& [have, tensor] : file.tensors) names += (names.empty() ? "" : ", ") + have;
-  throw Error(what + ": no tensor named '" + name + "' (have: " + (names.empty() ? "none" : names) + ")");
+  return require_in(file.tensors, name, what);
 }
 
 #define MHA_INSTANTIATE(T)                                                       \
   template Tensor<T> to_tensor<T>(const TensorData&, const std::string&);        \
+  template Tensor<T> to_tensor<T>(const TensorRef&, const std::string&);         \
+  template Tensor<T> MappedFile::to_tensor<T>(const std::string&) const;         \
   template TensorData from_tensor<T>(const Tensor<T>&);                          \
   template TensorData from_tensor<T>(const Tensor<T>&, DType);
 MHA_INSTANTIATE(float)

@@ -8,7 +8,8 @@ template <class T>
 StateDict<T> load_state_dict_file(const std::string& path) {
   namespace st = mha::safetensors;
   StateDict<T> state;
-  for (const auto& [name, data] : st::load(path).tensors) {
+  const st::MappedFile file(path);  // each weight decoded once, straight from the mapping
+  for (const auto& [name, data] : file.tensors()) {
     const bool is_float = data.dtype == st::DType::F16 || data.dtype == st::DType::BF16 ||
                           data.dtype == st::DType::F32 || data.dtype == st::DType::F64;
     check(is_float, path, ": tensor '", name, "': expected a float dtype (F16, BF16, F32, F64) for a weight, got ",

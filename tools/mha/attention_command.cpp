@@ -55,15 +55,15 @@ bool is_float(st::DType dtype) {
 
 // A float tensor (query, key, value, grad_output): any float dtype, converted to T.
 template <class T>
-Tensor<T> read_float(const st::TensorData& data, const std::string& name) {
+Tensor<T> read_float(const st::TensorRef& data, const std::string& name) {
   check(is_float(data.dtype), name, ": expected a float dtype (F16, BF16, F32, F64), got ", st::to_string(data.dtype));
   return st::to_tensor<T>(data, name);
 }
 
 template <class T>
-std::optional<nn::Mask<T>> read_mask(const st::File& inputs, const std::string& name) {
-  auto it = inputs.tensors.find(name);
-  if (it == inputs.tensors.end()) return std::nullopt;
+std::optional<nn::Mask<T>> read_mask(const st::MappedFile& inputs, const std::string& name) {
+  auto it = inputs.tensors().find(name);
+  if (it == inputs.tensors().end()) return std::nullopt;
   const st::DType dtype = it->second.dtype;
   if (dtype == st::DType::BOOL) return st::to_tensor<bool>(it->second, name);
   check(is_float(dtype), name, ": expected dtype BOOL or a float dtype (F16, BF16, F32, F64), got ",
@@ -82,11 +82,12 @@ void run(const AttentionArgs& args) {
 
   if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
 
-  const st::File inputs = st::load(args.inputs_path);
-  const Tensor<T> query = read_float<T>(st::require(inputs, "query", args.inputs_path), "query");
+  // Each input is decoded once, from the mapped file straight into its tensor.
+  const st::MappedFile inputs(args.inputs_path);
+  const Tensor<T> query = read_float<T>(inputs.require("query", args.inputs_path), "query");
   auto optional_input = [&](const char* name) {
-    auto it = inputs.tensors.find(name);
-    return it == inputs.tensors.end() ? query : read_float<T>(it->second, name);
+    auto it = inputs.tensors().find(name);
+    return it == inputs.tensors().end() ? query : read_float<T>(it->second, name);
   };
   const Tensor<T> key = optional_input("key"), value = optional_input("value");
 
@@ -106,7 +107,7 @@ void run(const AttentionArgs& args) {
   if (result.attn_weights) out.tensors["attn_weights"] = st::from_tensor(*result.attn_weights);
   if (args.backward) {
     const Tensor<T> grad_output =
-        read_float<T>(st::require(inputs, "grad_output", args.inputs_path + " (needed by --backward)"), "grad_output");
+        read_float<T>(inputs.require("grad_output", args.inputs_path + " (needed by --backward)"), "grad_output");
     module.zero_grad();
     auto grads = module.backward(grad_output, cache);
     out.tensors["grad_query"] = st::from_tensor(grads.grad_query);

@@ -13,11 +13,13 @@
 #include "heatmap_command.h"
 #include "train_command.h"
 #include "mha/core/error.h"
+#include "mha/core/escape.h"
 
 namespace {
 
 // Every error is one line, so a script can show or log it as one: a line break and the
-// indentation after it become a single space.
+// indentation after it become a single space. Whatever the message quotes (a flag, a path, a
+// name from a file) is then escaped, so nothing reaches the terminal raw.
 std::string one_line(const std::string& message) {
   std::string out;
   for (size_t i = 0; i < message.size(); ++i) {
@@ -28,7 +30,7 @@ std::string one_line(const std::string& message) {
     while (i + 1 < message.size() && std::isspace(static_cast<unsigned char>(message[i + 1]))) ++i;
     if (i + 1 < message.size()) out += ' ';
   }
-  return out;
+  return mha::escape(out);
 }
 
 }  // namespace

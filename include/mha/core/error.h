@@ -2,15 +2,20 @@
 // mha::Error: the one exception type mha throws for bad input. Messages name the argument,
 // what was expected and what was received, e.g.
 //   "query: expected a 3-D tensor (L, N, E) or 2-D (L, E), got shape [4]".
+// A message often quotes text from outside (a tensor name from a file, a path, a flag, another
+// library's message), so every message goes through escape() as it is made: what() is valid
+// UTF-8 with no control character but the line break, whatever the message quoted.
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "mha/core/escape.h"
 
 namespace mha {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(escape(message, /*keep_newlines=*/true)) {}
 };
 
 namespace detail {
