@@ -11,6 +11,7 @@ packages=(
   cmake
   pkg-config
   libopenblas-dev
+  libopenblas-openmp-dev
   nlohmann-json3-dev
   libcli11-dev
   libpng-dev

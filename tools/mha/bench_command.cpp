@@ -22,6 +22,7 @@
 #include "backend_option.h"
 #include "mha/attention/attention.h"
 #include "mha/core/atomic_file.h"
+#include "mha/core/blas_threads.h"
 #include "mha/core/gemm.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
@@ -116,8 +117,9 @@ void run_bench(const BenchArgs& args) {
   report["backend"] = args.backend;
   const double sgemm = sgemm_gflops(args.repeats);
   report["sgemm_gflops"] = sgemm;
-  std::printf("mha bench: %d threads, backend %s; sgemm (2048^3, BLAS) %.1f GFLOP/s\n\n", omp_get_max_threads(),
-              args.backend.c_str(), sgemm);
+  report["blas_threading"] = to_string(blas_threading());
+  std::printf("mha bench: %d threads, backend %s; BLAS threads: %s; sgemm (2048^3, BLAS) %.1f GFLOP/s\n\n",
+              omp_get_max_threads(), args.backend.c_str(), to_string(blas_threading()).c_str(), sgemm);
   std::printf("%-34s %10s %8s %8s %10s %8s %8s %12s\n", "shape (B, H, L=S, d)", "fwd ms", "GFLOP/s", "%sgemm",
               "bwd ms", "GFLOP/s", "%sgemm", "extra MiB");
 
