@@ -79,6 +79,54 @@ def ort_peers(shapes, threads, repeats):
     return out, {"onnxruntime_version": ort.__version__}
 
 
+def write_safetensors(path, tensors):
+    """A minimal safetensors writer for the bench's inputs (float32 numpy arrays), so the bench
+    needs no safetensors package: header size, JSON header, the arrays' bytes in order."""
+    import numpy as np
+    header, offset = {}, 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path + ".tmp", "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for a in tensors.values():
+            f.write(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+    os.replace(path + ".tmp", path)
+
+
+def blackbox(build, module, threads, repeats):
+    """The black-box path: `mha attention` file to file (process start, read, forward, write) on
+    the module shape with query, key and value given, beside nn.MultiheadAttention's forward
+    in-process on the same tensors (need_weights=False, eval, inference mode)."""
+    import numpy as np
+    N, L, E, H = module["batch"], module["len"], module["embed_dim"], module["num_heads"]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((N, L, E), dtype=np.float32) for _ in range(3))
+    folder = os.path.join(build, "bench")
+    inputs, output = os.path.join(folder, "blackbox_inputs.safetensors"), os.path.join(folder, "blackbox_output.safetensors")
+    write_safetensors(inputs, {"query": q, "key": k, "value": v})
+    command = [os.path.join(build, "tools", "mha", "mha"), "attention", "--embed-dim", str(E), "--num-heads", str(H),
+               "--batch-first", "--no-need-weights", "--inputs", inputs, "--output", output, "--timings"]
+    stages = []
+
+    def run_cli():
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        stages.append(done.stderr.strip())
+    out = {"mha_cli_file_to_file_ms": median_seconds(run_cli, repeats) * 1e3, "mha_cli_stages": stages[-1]}
+    try:
+        import torch
+    except ImportError:
+        return out
+    torch.set_num_threads(threads)
+    m = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    with torch.inference_mode():
+        out["torch_module_in_process_ms"] = median_seconds(lambda: m(tq, tk, tv, need_weights=False), repeats) * 1e3
+    return out
+
+
 def key(s):
     return f'{s["batch"]},{s["heads"]},{s["len"]},{s["head_dim"]},{int(s["causal"])}'
 
@@ -123,6 +171,11 @@ def main():
                 versions.setdefault(k, []).append(v)
             for k, v in per_shape.items():
                 peers.setdefault(k, {}).update(v)
+        try:
+            peers["blackbox"] = blackbox(build, module, threads, 5)
+        except ImportError as e:  # numpy, for the input file
+            if r == 0:
+                print(f"\nblack-box bench skipped ({e}); pip install numpy torch to run it.")
         peer_rounds.append(peers)
 
     report = dict(mha_rounds[0])
@@ -161,6 +214,15 @@ def main():
         t = versions["nn_multihead_attention_forward_ms"]
         print(f'\nModule forward (N={module["batch"]}, L={module["len"]}, E=512, 8 heads): mha {module["forward_ms"]:.1f} ms, '
               f'nn.MultiheadAttention {t:.1f} ms, ratio {t / module["forward_ms"]:.2f}')
+    box = peers.get("blackbox", {})
+    if "mha_cli_file_to_file_ms" in box:
+        cli, line = box["mha_cli_file_to_file_ms"], ""
+        if "torch_module_in_process_ms" in box:
+            t = box["torch_module_in_process_ms"]
+            line = f", nn.MultiheadAttention in-process {t:.1f} ms, ratio {t / cli:.2f}"
+        stages = [p["blackbox"]["mha_cli_stages"] for p in peer_rounds if "blackbox" in p]
+        print(f'\nBlack box (N={module["batch"]}, L={module["len"]}, E={module["embed_dim"]}, {module["num_heads"]} heads; '
+              f'query, key, value): `mha attention` file to file {cli:.1f} ms{line}\n  last run: {stages[-1]}')
     path = os.path.join(build, "bench", "bench.json")
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)

@@ -1,10 +1,15 @@
 #include "attention_command.h"
 
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend_option.h"
 #include "mha/core/safetensors.h"
@@ -23,8 +28,31 @@ struct AttentionArgs {
   nn::MultiheadAttentionOptions module;
   int64_t kdim = 0, vdim = 0;  // 0 = not given: embed_dim, as PyTorch's None
   bool need_weights = true, average_attn_weights = true, is_causal = false;
-  bool train = false, backward = false;
+  bool train = false, backward = false, timings = false;
   uint64_t seed = 0;
+};
+
+// Wall-clock time of each stage of the command, printed with --timings.
+class StageTimer {
+ public:
+  void stage(const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    times_.emplace_back(name, std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+  std::string report() const {
+    std::string out = "mha attention: stage times:";
+    double total = 0;
+    for (const auto& [name, ms] : times_) {
+      out += detail::concat(" ", name, " ", std::lround(ms * 10) / 10.0, " ms;");
+      total += ms;
+    }
+    return out + detail::concat(" total ", std::lround(total * 10) / 10.0, " ms\n");
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  std::vector<std::pair<const char*, double>> times_;
 };
 
 }  // namespace
@@ -73,6 +101,7 @@ std::optional<nn::Mask<T>> read_mask(const st::MappedFile& inputs, const std::st
 
 template <class T>
 void run(const AttentionArgs& args) {
+  StageTimer timer;
   nn::MultiheadAttentionOptions options = args.module;
   if (args.kdim) options.kdim = args.kdim;
   if (args.vdim) options.vdim = args.vdim;
@@ -81,6 +110,7 @@ void run(const AttentionArgs& args) {
   module.backend = parse_backend(args.backend);
 
   if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
+  timer.stage("weights");
 
   // Each input is decoded once, from the mapped file straight into its tensor.
   const st::MappedFile inputs(args.inputs_path);
@@ -97,9 +127,11 @@ void run(const AttentionArgs& args) {
   forward_args.need_weights = args.need_weights;
   forward_args.average_attn_weights = args.average_attn_weights;
   forward_args.is_causal = args.is_causal;
+  timer.stage("read");
 
   nn::MultiheadAttentionCache<T> cache;
   auto result = module.forward(query, key, value, forward_args, args.backward ? &cache : nullptr);
+  timer.stage("forward");
 
   st::File out;
   out.metadata["producer"] = "mha attention";
@@ -114,8 +146,11 @@ void run(const AttentionArgs& args) {
     out.tensors["grad_key"] = st::from_tensor(grads.grad_key);
     out.tensors["grad_value"] = st::from_tensor(grads.grad_value);
     for (const auto& p : module.parameters()) out.tensors["grad." + p.name] = st::from_tensor(*p.grad);
+    timer.stage("backward");
   }
   st::save(out, args.output_path);
+  timer.stage("write");
+  if (args.timings) std::fputs(timer.report().c_str(), stderr);
 }
 
 }  // namespace
@@ -155,6 +190,8 @@ void add_attention_command(CLI::App& app) {
   cmd->add_flag("--train,!--eval", args->train, "training mode (dropout active); default eval");
   cmd->add_option("--seed", args->seed, "seed for initialisation and dropout")->capture_default_str();
   cmd->add_flag("--backward", args->backward, "also compute gradients for grad_output");
+  cmd->add_flag("--timings", args->timings,
+                "print the wall-clock time of each stage (weights, read, forward, backward, write) to stderr");
   cmd->callback([args] {
     if (args->dtype == "float64") {
       run<double>(*args);
