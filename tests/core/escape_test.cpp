@@ -22,6 +22,7 @@ namespace {
 using testing::acts_on_terminal;
 using testing::code_points;
 using testing::printable;
+using testing::shown;
 
 std::string encode(char32_t c) {
   std::string out;
@@ -60,7 +61,7 @@ TEST(EscapeTestReader, TellsWellFormedFromIllFormed) {
                                  bytes({0xED, 0xA0, 0x80}), bytes({0xF0, 0x8F, 0xBF, 0xBF}),
                                  bytes({0xF4, 0x90, 0x80, 0x80}), bytes({0xE2, 0x82}), bytes({0x80}),
                                  bytes({0xE2, 0x28, 0xA1})})
-    EXPECT_FALSE(code_points(bad).has_value()) << escape(bad);
+    EXPECT_FALSE(code_points(bad).has_value()) << shown(bad);
   EXPECT_TRUE(printable("a\nb", true));
   EXPECT_FALSE(printable("a\nb", false));
   EXPECT_FALSE(printable("\x7f", true));
@@ -145,7 +146,7 @@ TEST(Escape, HandDerivedCases) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.what);
     EXPECT_EQ(escape(c.input), c.expected);
-    EXPECT_TRUE(printable(escape(c.input), false)) << escape(c.input);
+    EXPECT_TRUE(printable(escape(c.input), false)) << shown(escape(c.input));
   }
 }
 
@@ -174,11 +175,11 @@ void expect_safe(const std::string& input) {
   for (const bool keep : {false, true}) {
     const std::string out = escape(input, keep);
     if (!printable(out, keep)) {
-      ADD_FAILURE() << "escape(" << escape(out) << ", " << keep << ") is not printable";
+      ADD_FAILURE() << "escape(" << shown(input) << ", " << keep << ") = " << shown(out) << " is not printable";
       return;
     }
-    if (escape(out, keep) != out) ADD_FAILURE() << "escape is not idempotent on " << escape(input);
-    if (printable(input, keep) && out != input) ADD_FAILURE() << "printable input changed: " << escape(input);
+    if (escape(out, keep) != out) ADD_FAILURE() << "escape is not idempotent on " << shown(input);
+    if (printable(input, keep) && out != input) ADD_FAILURE() << "printable input changed: " << shown(input);
   }
 }
 
@@ -214,8 +215,8 @@ TEST(Escape, EveryCodePoint) {
     }
     const std::string got = escape(text);
     if (got != expected) {
-      ADD_FAILURE() << "U+" << std::hex << static_cast<unsigned>(c) << ": got " << escape(got) << ", expected "
-                    << escape(expected);
+      ADD_FAILURE() << "U+" << std::hex << static_cast<unsigned>(c) << ": got " << shown(got) << ", expected "
+                    << shown(expected);
       return;
     }
   }
@@ -242,7 +243,7 @@ TEST(Escape, RandomByteStrings) {
     }
     expect_safe(text);
     if (::testing::Test::HasFailure()) {
-      ADD_FAILURE() << "on case " << n << ": " << escape(text);
+      ADD_FAILURE() << "on case " << n << ": " << shown(text);
       return;
     }
   }

@@ -69,20 +69,35 @@ inline bool printable(const std::string& text, bool newlines_allowed) {
   return true;
 }
 
+// `text` for a failure message, whatever it holds: printable ASCII as it is, every other byte
+// as <XX> (so a test that fails on raw escape sequences does not send them to the terminal).
+inline std::string shown(const std::string& text) {
+  std::string out;
+  char hex[8];
+  for (const unsigned char b : text) {
+    if (b >= 0x20 && b < 0x7F) {
+      out += static_cast<char>(b);
+    } else {
+      std::snprintf(hex, sizeof hex, "<%02X>", b);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 // For EXPECT_TRUE: printable(text, newlines_allowed), showing the bytes of text that is not.
 inline ::testing::AssertionResult is_printable(const std::string& text, bool newlines_allowed = true) {
   if (printable(text, newlines_allowed)) return ::testing::AssertionSuccess();
-  std::string shown;
-  char hex[8];
-  for (unsigned char b : text) {
-    if (b >= 0x20 && b < 0x7F) {
-      shown += static_cast<char>(b);
-    } else {
-      std::snprintf(hex, sizeof hex, "<%02X>", b);
-      shown += hex;
-    }
-  }
-  return ::testing::AssertionFailure() << "not printable (raw control or invalid UTF-8 bytes): " << shown;
+  return ::testing::AssertionFailure() << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
+}
+
+// For EXPECT_TRUE: `text` is printable (line breaks allowed) and holds `part`.
+inline ::testing::AssertionResult printable_and_holds(const std::string& text, const std::string& part) {
+  if (!printable(text, true))
+    return ::testing::AssertionFailure() << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
+  if (text.find(part) == std::string::npos)
+    return ::testing::AssertionFailure() << "\"" << shown(text) << "\" does not hold \"" << shown(part) << "\"";
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace mha::testing
