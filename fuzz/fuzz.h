@@ -142,12 +142,13 @@ inline void check_printable_message(const char* message) {
   const std::string text = message;
   bool acts_on_terminal = false;
   const bool valid = for_each_code_point(text, [&](uint32_t c) {
-    acts_on_terminal = acts_on_terminal || (c < 0x20 && c != '\n') || (c >= 0x7F && c <= 0x9F) || c == 0x2028 ||
-                       c == 0x2029 || c == 0x061C || c == 0x200E || c == 0x200F || (c >= 0x202A && c <= 0x202E) ||
-                       (c >= 0x2066 && c <= 0x2069);
+    acts_on_terminal = acts_on_terminal || (c < 0x20 && c != '\n') || (c >= 0x7F && c <= 0x9F) ||
+                       c == 0x2028 || c == 0x2029 || c == 0x061C || c == 0x200E || c == 0x200F ||
+                       (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069);
   });
   if (!valid) finding("an mha::Error message is not valid UTF-8: bytes " + hex(text));
-  if (acts_on_terminal) finding("an mha::Error message holds a control or bidi character: bytes " + hex(text));
+  if (acts_on_terminal)
+    finding("an mha::Error message holds a control or bidi character: bytes " + hex(text));
 }
 
 }  // namespace mha::fuzz

@@ -111,8 +111,10 @@ def safetensors_parse():
     q = json.dumps  # a JSON string literal, with \u escapes for everything but printable ASCII
     f32 = '"dtype":"F32","shape":[1]'
     for name, text in [
-        ("escape_duplicate_name", '{%s:{%s,"data_offsets":[0,4]},%s:{%s,"data_offsets":[4,8]}}' % (q(clear), f32, q(clear), f32)),
-        ("escape_unknown_dtype", '{%s:{"dtype":%s,"shape":[1],"data_offsets":[0,8]}}' % (q(retitle), q(csi + clear))),
+        ("escape_duplicate_name",
+         '{%s:{%s,"data_offsets":[0,4]},%s:{%s,"data_offsets":[4,8]}}' % (q(clear), f32, q(clear), f32)),
+        ("escape_unknown_dtype",
+         '{%s:{"dtype":%s,"shape":[1],"data_offsets":[0,8]}}' % (q(retitle), q(csi + clear))),
         ("escape_unexpected_field", '{"a":{%s,"data_offsets":[0,8],%s:1}}' % (f32, q(rlo + retitle))),
         ("escape_metadata_not_a_string", '{"__metadata__":{%s:[%s]}}' % (q(clear + csi), q(retitle)))]:
         write(t, name + ".safetensors", struct.pack("<Q", len(text)) + text.encode() + bytes(8))

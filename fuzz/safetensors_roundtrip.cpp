@@ -29,11 +29,8 @@
 namespace {
 
 namespace st = mha::safetensors;
-using mha::fuzz::check_printable_message;
 using mha::fuzz::finding;
 using mha::fuzz::FuzzInput;
-using mha::fuzz::hex;
-using mha::fuzz::valid_utf8;
 
 bool same(const st::File& a, const st::File& b) {
   if (a.metadata != b.metadata || a.tensors.size() != b.tensors.size()) return false;
@@ -97,7 +94,7 @@ void check_typed_round_trip(const std::string& name, const st::TensorData& data)
         if (!all_0_or_1) finding("to_tensor<bool> accepted a BOOL byte other than 0 and 1 in '" + name + "'");
         if (back.bytes != data.bytes) finding("BOOL tensor '" + name + "' changed through to_tensor<bool>");
       } catch (const mha::Error& e) {
-        check_printable_message(e.what());
+        mha::fuzz::check_printable_message(e.what());
         if (all_0_or_1) finding("to_tensor<bool> refused valid BOOL bytes: " + std::string(e.what()));
       }
       break;
@@ -154,20 +151,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool writable = true;
   std::string unwritable;  // the first such string, for the report
   const auto note = [&](const std::string& text, bool ok) {
-    if (!ok && writable) unwritable = hex(text);
+    if (!ok && writable) unwritable = mha::fuzz::hex(text);
     writable = writable && ok;
   };
-  for (const auto& [name, tensor] : file.tensors) note(name, valid_utf8(name) && name != "__metadata__");
+  for (const auto& [name, tensor] : file.tensors)
+    note(name, mha::fuzz::valid_utf8(name) && name != "__metadata__");
   for (const auto& [key, value] : file.metadata) {
-    note(key, valid_utf8(key));
-    note(value, valid_utf8(value));
+    note(key, mha::fuzz::valid_utf8(key));
+    note(value, mha::fuzz::valid_utf8(value));
   }
 
   std::vector<std::byte> image;
   try {
     image = st::serialize(file);
   } catch (const mha::Error& e) {
-    check_printable_message(e.what());
+    mha::fuzz::check_printable_message(e.what());
     if (writable) finding(std::string("serialize refused a valid file: ") + e.what());
     return 0;
   }
@@ -182,7 +180,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     back = st::parse(image);
   } catch (const mha::Error& e) {
-    check_printable_message(e.what());
+    mha::fuzz::check_printable_message(e.what());
     finding(std::string("parse refused what serialize wrote: ") + e.what());
   }
   if (!same(file, back)) finding("a file written and read back differs");

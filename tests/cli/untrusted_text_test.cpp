@@ -23,12 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace st = mha::safetensors;
 
-using mha::testing::CliResult;
-using mha::testing::is_printable;
-using mha::testing::printable_and_holds;
-using mha::testing::run_cli;
-using mha::testing::shell_quote;
-using mha::testing::shown;
+using namespace mha::testing;  // the CLI runner and the printable checks
 
 bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
@@ -39,12 +34,15 @@ const std::string kHostileShown = "\\x1b]0;x\\x07\\xff\\x1b[2J";
 class UntrustedTextCli : public mha::testing::CliTest {
  protected:
   void SetUp() override {
-    st::File weights;
-    weights.tensors["attn_weights"] = st::from_tensor(Tensor<float>({2, 3, 3}, 0.25f));
-    st::save(weights, path("weights.safetensors"));
-    st::File inputs;
-    inputs.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f));
-    st::save(inputs, path("inputs.safetensors"));
+    save_one_tensor("weights.safetensors", "attn_weights", Tensor<float>({2, 3, 3}, 0.25f));
+    save_one_tensor("inputs.safetensors", "query", Tensor<float>({3, 2, 4}, 0.5f));
+  }
+
+  void save_one_tensor(const std::string& file_name, const std::string& name,
+                       const Tensor<float>& tensor) const {
+    st::File file;
+    file.tensors[name] = st::from_tensor(tensor);
+    st::save(file, path(file_name));
   }
 
   // A .safetensors file written byte by byte: the header's size (8 bytes, little-endian), the
@@ -82,8 +80,9 @@ TEST_F(UntrustedTextCli, TensorNamesFromAnInputsFile) {
             R"("\u001b]0;x\u0007":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
             R"("a\u202eb\u009b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
             std::string(12, '\0'));
-  expect_escaped_failure(attention_ + "--inputs " + path("names.safetensors") + " --output " + path("out.safetensors"),
-                         "no tensor named 'query' (have: \\x1b[2J, \\x1b]0;x\\x07, a\\u202eb\\u009b)");
+  expect_escaped_failure(
+      attention_ + "--inputs " + path("names.safetensors") + " --output " + path("out.safetensors"),
+      "no tensor named 'query' (have: \\x1b[2J, \\x1b]0;x\\x07, a\\u202eb\\u009b)");
   EXPECT_FALSE(fs::exists(path("out.safetensors")));
 }
 
@@ -97,8 +96,9 @@ TEST_F(UntrustedTextCli, MetadataOfACheckpoint) {
 // nlohmann's parse error quotes the bytes it read last, raw: here 0xFF.
 TEST_F(UntrustedTextCli, JsonParseErrorOfAHeaderThatIsNotUtf8) {
   write_raw("not_utf8.safetensors", "{\"a\xff\":1}", "");
-  expect_escaped_failure(attention_ + "--inputs " + path("not_utf8.safetensors") + " --output " + path("o.safetensors"),
-                         "ill-formed UTF-8 byte; last read: '\"a\\xff'");
+  expect_escaped_failure(
+      attention_ + "--inputs " + path("not_utf8.safetensors") + " --output " + path("o.safetensors"),
+      "ill-formed UTF-8 byte; last read: '\"a\\xff'");
   expect_escaped_failure("heatmap --input " + path("not_utf8.safetensors") + " --output " + path("o.png"),
                          "ill-formed UTF-8 byte; last read: '\"a\\xff'");
 }
@@ -123,12 +123,10 @@ TEST_F(UntrustedTextCli, HeatmapTensorNameAndTokens) {
 TEST_F(UntrustedTextCli, HeatmapWarningQuotesNameAndPathEscaped) {
   Tensor<float> weights({2, 2}, 0.5f);
   weights[1] = std::numeric_limits<float>::quiet_NaN();
-  st::File file;
-  file.tensors["\x1b]0;x\x07"] = st::from_tensor(weights);
+  save_one_tensor("w" + kHostile + ".safetensors", "\x1b]0;x\x07", weights);
   const std::string input = path("w" + kHostile + ".safetensors");
-  st::save(file, input);
-  expect_escaped_success("heatmap --input " + shell_quote(input) + " --tensor " + shell_quote("\x1b]0;x\x07") +
-                             " --output " + path("nan.png"),
+  expect_escaped_success("heatmap --input " + shell_quote(input) + " --tensor " +
+                             shell_quote("\x1b]0;x\x07") + " --output " + path("nan.png"),
                          {"warning: 1 NaN weight in tensor '\\x1b]0;x\\x07' in " + path("w" + kHostileShown) +
                           ".safetensors, drawn in magenta"});
 }
@@ -142,22 +140,30 @@ TEST_F(UntrustedTextCli, PathsInMessages) {
   expect_escaped_failure(attention_ + "--output " + path("o.safetensors") + " --inputs " +
                              shell_quote(path("missing" + kHostile)),
                          path("missing" + kHostileShown));
-  expect_escaped_failure(attention_ + "--output " + path("o.safetensors") + " --inputs " + shell_quote(corrupt),
-                         "(in '" + path("corrupt" + kHostileShown) + ".safetensors')");
-  expect_escaped_failure(attention_ + inputs + " --weights " + shell_quote(corrupt) + " --output " + path("o.safetensors"),
-                         path("corrupt" + kHostileShown) + ".safetensors");
-  expect_escaped_failure(attention_ + inputs + " --output " + shell_quote(path("dir" + kHostile + "/o.safetensors")),
-                         path("dir" + kHostileShown) + "/o.safetensors");
+  expect_escaped_failure(
+      attention_ + "--output " + path("o.safetensors") + " --inputs " + shell_quote(corrupt),
+      "(in '" + path("corrupt" + kHostileShown) + ".safetensors')");
+  expect_escaped_failure(
+      attention_ + inputs + " --weights " + shell_quote(corrupt) + " --output " + path("o.safetensors"),
+      path("corrupt" + kHostileShown) + ".safetensors");
+  expect_escaped_failure(
+      attention_ + inputs + " --output " + shell_quote(path("dir" + kHostile + "/o.safetensors")),
+      path("dir" + kHostileShown) + "/o.safetensors");
   expect_escaped_failure("heatmap --input " + path("weights.safetensors") + " --output " +
                              shell_quote(path("dir" + kHostile + "/o.png")),
                          path("dir" + kHostileShown) + "/o.png");
-  expect_escaped_failure("eval --checkpoint " + shell_quote(corrupt), path("corrupt" + kHostileShown) + ".safetensors");
+  expect_escaped_failure("eval --checkpoint " + shell_quote(corrupt),
+                         path("corrupt" + kHostileShown) + ".safetensors");
 }
 
 TEST_F(UntrustedTextCli, FlagValuesOptionNamesAndCommands) {
-  const std::string run = attention_ + "--inputs " + path("inputs.safetensors") + " --output " + path("o.safetensors");
+  const std::string run =
+      attention_ + "--inputs " + path("inputs.safetensors") + " --output " + path("o.safetensors");
   expect_escaped_failure(run + " --dtype " + shell_quote("\x1b[2J"), "--dtype: \\x1b[2J not in");
-  expect_escaped_failure(run + " --backend " + shell_quote("\xc2\x9b" "1m\xe2\x80\xae"), "\\u009b1m\\u202e");
+  expect_escaped_failure(run + " --backend " +
+                             shell_quote("\xc2\x9b"
+                                         "1m\xe2\x80\xae"),
+                         "\\u009b1m\\u202e");
   expect_escaped_failure(attention_ + " --kdim " + shell_quote("\xff\x1b]0;x\x07"), "\\xff\\x1b]0;x\\x07");
   expect_escaped_failure(run + " " + shell_quote("--x\x1b]0;x\x07"), "--x\\x1b]0;x\\x07");
   expect_escaped_failure(run + " " + shell_quote("stray\xff"), "stray\\xff");
@@ -171,14 +177,17 @@ TEST_F(UntrustedTextCli, TrainAndEvalPrintPathsEscaped) {
   if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   const std::string tiny =
       "train --train-limit 64 --test-limit 16 --batch-size 32 --epochs 1 --width 8 --heads 1 "
-      "--hidden 8 --blocks 1 --input-projection --checkpoint-dir " + shell_quote(path("run" + kHostile));
+      "--hidden 8 --blocks 1 --input-projection --checkpoint-dir " +
+      shell_quote(path("run" + kHostile));
   const std::string checkpoint_shown = path("run" + kHostileShown) + "/checkpoint.safetensors";
-  expect_escaped_success(tiny, {checkpoint_shown + ", " + path("run" + kHostileShown) + "/training_curves.png"});
+  expect_escaped_success(tiny,
+                         {checkpoint_shown + ", " + path("run" + kHostileShown) + "/training_curves.png"});
   expect_escaped_success(tiny + " --resume", {"resuming " + checkpoint_shown + " after epoch 1",
                                               "nothing to train (mha eval --checkpoint " + checkpoint_shown});
-  expect_escaped_success("eval --checkpoint " + shell_quote(path("run" + kHostile + "/checkpoint.safetensors")) +
-                             " --confusion-png " + shell_quote(path("c" + kHostile + ".png")),
-                         {checkpoint_shown + ": epoch 1 of 1", "confusion matrix: " + path("c" + kHostileShown) + ".png"});
+  expect_escaped_success(
+      "eval --checkpoint " + shell_quote(path("run" + kHostile + "/checkpoint.safetensors")) +
+          " --confusion-png " + shell_quote(path("c" + kHostile + ".png")),
+      {checkpoint_shown + ": epoch 1 of 1", "confusion matrix: " + path("c" + kHostileShown) + ".png"});
 }
 
 }  // namespace

@@ -57,10 +57,10 @@ TEST(EscapeTestReader, TellsWellFormedFromIllFormed) {
   EXPECT_EQ(*code_points(bytes({0xF0, 0x9F, 0x91, 0xA9})), (std::vector<char32_t>{0x1F469}));
   EXPECT_EQ(*code_points(bytes({0xF4, 0x8F, 0xBF, 0xBF})), (std::vector<char32_t>{0x10FFFF}));
   EXPECT_EQ(*code_points(bytes({0xED, 0x9F, 0xBF})), (std::vector<char32_t>{0xD7FF}));
-  for (const std::string& bad : {bytes({0xFF}), bytes({0xC0, 0x80}), bytes({0xC1, 0xBF}), bytes({0xE0, 0x9F, 0xBF}),
-                                 bytes({0xED, 0xA0, 0x80}), bytes({0xF0, 0x8F, 0xBF, 0xBF}),
-                                 bytes({0xF4, 0x90, 0x80, 0x80}), bytes({0xE2, 0x82}), bytes({0x80}),
-                                 bytes({0xE2, 0x28, 0xA1})})
+  for (const std::string& bad :
+       {bytes({0xFF}), bytes({0xC0, 0x80}), bytes({0xC1, 0xBF}), bytes({0xE0, 0x9F, 0xBF}),
+        bytes({0xED, 0xA0, 0x80}), bytes({0xF0, 0x8F, 0xBF, 0xBF}), bytes({0xF4, 0x90, 0x80, 0x80}),
+        bytes({0xE2, 0x82}), bytes({0x80}), bytes({0xE2, 0x28, 0xA1})})
     EXPECT_FALSE(code_points(bad).has_value()) << shown(bad);
   EXPECT_TRUE(printable("a\nb", true));
   EXPECT_FALSE(printable("a\nb", false));
@@ -137,8 +137,8 @@ std::vector<Case> cases() {
                               "\\x08", "\\t",   "\\n",   "\\x0b", "\\x0c", "\\r",   "\\x0e", "\\x0f",
                               "\\x10", "\\x11", "\\x12", "\\x13", "\\x14", "\\x15", "\\x16", "\\x17",
                               "\\x18", "\\x19", "\\x1a", "\\x1b", "\\x1c", "\\x1d", "\\x1e", "\\x1f"};
-  for (int c = 0; c < 32; ++c) out.push_back({c0[c], "<" + std::string(1, static_cast<char>(c)) + ">",
-                                              std::string("<") + c0[c] + ">"});
+  for (int c = 0; c < 32; ++c)
+    out.push_back({c0[c], "<" + std::string(1, static_cast<char>(c)) + ">", std::string("<") + c0[c] + ">"});
   return out;
 }
 
@@ -153,7 +153,8 @@ TEST(Escape, HandDerivedCases) {
 TEST(Escape, IsIdempotent) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.what);
-    for (const bool keep : {false, true}) EXPECT_EQ(escape(escape(c.input, keep), keep), escape(c.input, keep));
+    for (const bool keep : {false, true})
+      EXPECT_EQ(escape(escape(c.input, keep), keep), escape(c.input, keep));
   }
 }
 
@@ -175,7 +176,8 @@ void expect_safe(const std::string& input) {
   for (const bool keep : {false, true}) {
     const std::string out = escape(input, keep);
     if (!printable(out, keep)) {
-      ADD_FAILURE() << "escape(" << shown(input) << ", " << keep << ") = " << shown(out) << " is not printable";
+      ADD_FAILURE() << "escape(" << shown(input) << ", " << keep << ") = " << shown(out)
+                    << " is not printable";
       return;
     }
     if (escape(out, keep) != out) ADD_FAILURE() << "escape is not idempotent on " << shown(input);
@@ -226,9 +228,13 @@ TEST(Escape, EveryCodePoint) {
 // multi-byte characters all occur often.
 TEST(Escape, RandomByteStrings) {
   std::mt19937_64 rng(20240613);
-  const std::vector<std::string> pieces = {
-      "a", "\\", "\n", "\x1b", "[", "\x07", "\x7f", bytes({0xC2, 0x9B}), bytes({0xE2, 0x80, 0xAE}),
-      bytes({0xE2, 0x80, 0xA8}), "caf\xc3\xa9", bytes({0xF0, 0x9F, 0x91, 0xA9}), bytes({0xE2, 0x80, 0x8D})};
+  // Pieces to splice in: ASCII, a backslash, a line break, ESC, BEL, DEL, C1 CSI, RLO, the line
+  // separator, a valid word, an emoji and a ZWJ.
+  const std::string c1_csi = bytes({0xC2, 0x9B}), rlo = bytes({0xE2, 0x80, 0xAE}),
+                    line = bytes({0xE2, 0x80, 0xA8}), emoji = bytes({0xF0, 0x9F, 0x91, 0xA9}),
+                    zwj = bytes({0xE2, 0x80, 0x8D});
+  const std::vector<std::string> pieces = {"a",    "\\", "\n", "\x1b[",       "\x07", "\x7f",
+                                           c1_csi, rlo,  line, "caf\xc3\xa9", emoji,  zwj};
   for (int n = 0; n < 20000; ++n) {
     std::string text;
     const int length = static_cast<int>(rng() % 24);
@@ -238,7 +244,10 @@ TEST(Escape, RandomByteStrings) {
       } else {
         const unsigned kind = static_cast<unsigned>(rng() % 4);  // ASCII, continuation, lead byte, anything
         const unsigned b = static_cast<unsigned>(rng());
-        text += static_cast<char>(kind == 0 ? b % 0x80 : kind == 1 ? 0x80 | (b % 0x40) : kind == 2 ? 0xC0 | (b % 0x40) : b % 256);
+        text += static_cast<char>(kind == 0   ? b % 0x80
+                                  : kind == 1 ? 0x80 | (b % 0x40)
+                                  : kind == 2 ? 0xC0 | (b % 0x40)
+                                              : b % 256);
       }
     }
     expect_safe(text);
@@ -253,7 +262,8 @@ TEST(Escape, RandomByteStrings) {
 
 TEST(Escape, ErrorMessagesAreEscapedWithTheirLineBreaks) {
   EXPECT_STREQ(Error("a\x1b[2Jb").what(), "a\\x1b[2Jb");
-  EXPECT_STREQ(Error("name '" + bytes({0xFF}) + "'\n  second line\x07").what(), "name '\\xff'\n  second line\\x07");
+  EXPECT_STREQ(Error("name '" + bytes({0xFF}) + "'\n  second line\x07").what(),
+               "name '\\xff'\n  second line\\x07");
   try {
     check(false, "tensor '", "\x1b]0;x\x07", "': expected F32, got ", bytes({0xC2, 0x9B}));
     ADD_FAILURE() << "check(false, ...) did not throw";

@@ -691,19 +691,20 @@ const std::string kF32x1 = R"("dtype":"F32","shape":[1])";
 
 TEST(SafetensorsUntrustedText, TensorNamesInMessagesAreEscaped) {
   // A name breaks a rule: a duplicate, an unknown dtype, a field that is not one.
-  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"\u001b[2J":{)" + kF32x1 + R"(,"data_offsets":[0,4]},"\u001b[2J":{)" +
-                                               kF32x1 + R"(,"data_offsets":[4,8]}})",
-                                           std::string(8, '\0'))),
-                       "duplicate key '\\x1b[2J' in the header");
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"\u001b[2J":{)" + kF32x1 + R"(,"data_offsets":[0,4]},"\u001b[2J":{)" + kF32x1 +
+                              R"(,"data_offsets":[4,8]}})",
+                          std::string(8, '\0'))),
+      "duplicate key '\\x1b[2J' in the header");
   EXPECT_ESCAPED_ERROR(
       st::parse(make_file(R"({"\u001b]0;x\u0007":{"dtype":"F8","shape":[1],"data_offsets":[0,1]}})", "x")),
       "tensor '\\x1b]0;x\\x07': unknown dtype \"F8\"");
   EXPECT_ESCAPED_ERROR(
       st::parse(make_file(R"({"a":{"dtype":"\u009b\u202e","shape":[1],"data_offsets":[0,1]}})", "x")),
       "unknown dtype \"\\u009b\\u202e\"");
-  EXPECT_ESCAPED_ERROR(
-      st::parse(make_file(R"({"a":{)" + kF32x1 + R"(,"data_offsets":[0,4],"\u001b[2J":1}})", std::string(4, '\0'))),
-      "unexpected field '\\x1b[2J'");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"a":{)" + kF32x1 + R"(,"data_offsets":[0,4],"\u001b[2J":1}})",
+                                           std::string(4, '\0'))),
+                       "unexpected field '\\x1b[2J'");
   // A tensor whose values do not fit, and a tensor that is not there (the names there are listed).
   const st::File file =
       st::parse(make_file(R"({"\u001b[2J":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"));
@@ -718,8 +719,9 @@ TEST(SafetensorsUntrustedText, MetadataInMessagesIsEscaped) {
                        "__metadata__ entry '\\x1b[2J' must be a string, got 1");
   EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"__metadata__":{"k":["\u009b\u2028"]}})", "")),
                        "__metadata__ entry 'k' must be a string, got [\"\\u009b\\u2028\"]");
-  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"__metadata__":{"\u001b]0;x\u0007":"1","\u001b]0;x\u0007":"2"}})", "")),
-                       "duplicate key '\\x1b]0;x\\x07' inside '__metadata__'");
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"__metadata__":{"\u001b]0;x\u0007":"1","\u001b]0;x\u0007":"2"}})", "")),
+      "duplicate key '\\x1b]0;x\\x07' inside '__metadata__'");
 }
 
 // nlohmann's parse errors quote the bytes last read, raw: a header that is not UTF-8 put them

@@ -15,26 +15,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using mha::testing::CliResult;
-using mha::testing::printable_and_holds;
-using mha::testing::shell_quote;
-using mha::testing::shown;
+using namespace mha::testing;  // the program runner and the printable checks
 
 const std::string kHostile = "\x1b]0;x\x07\xff\x1b[2J";
 const std::string kHostileShown = "\\x1b]0;x\\x07\\xff\\x1b[2J";
 
 // The cross-attention example: it reads --inputs, writes --output and draws --heatmap.
 CliResult run_example(const std::string& arguments) {
-  return mha::testing::run_program(std::string(MHA_EXAMPLES_DIR) + "/cross_attention", arguments);
+  return run_program(std::string(MHA_EXAMPLES_DIR) + "/cross_attention", arguments);
 }
 
 using ExampleMessages = mha::testing::TempDirTest<>;
 
 TEST_F(ExampleMessages, WrittenPathsAreEscaped) {
-  const CliResult r = run_example("--output " + shell_quote(path("o" + kHostile + ".safetensors")) + " --heatmap " +
-                                  shell_quote(path("h" + kHostile + ".png")));
+  const CliResult r = run_example("--output " + shell_quote(path("o" + kHostile + ".safetensors")) +
+                                  " --heatmap " + shell_quote(path("h" + kHostile + ".png")));
   EXPECT_EQ(r.exit_code, 0) << shown(r.output);
-  EXPECT_TRUE(printable_and_holds(r.output, "results written to " + path("o" + kHostileShown) + ".safetensors\n"));
+  EXPECT_TRUE(
+      printable_and_holds(r.output, "results written to " + path("o" + kHostileShown) + ".safetensors\n"));
   EXPECT_TRUE(printable_and_holds(r.output, "heatmap written to " + path("h" + kHostileShown) + ".png\n"));
   EXPECT_TRUE(fs::exists(path("o" + kHostile + ".safetensors")));
 }

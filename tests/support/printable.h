@@ -88,15 +88,18 @@ inline std::string shown(const std::string& text) {
 // For EXPECT_TRUE: printable(text, newlines_allowed), showing the bytes of text that is not.
 inline ::testing::AssertionResult is_printable(const std::string& text, bool newlines_allowed = true) {
   if (printable(text, newlines_allowed)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
+  return ::testing::AssertionFailure()
+         << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
 }
 
 // For EXPECT_TRUE: `text` is printable (line breaks allowed) and holds `part`.
 inline ::testing::AssertionResult printable_and_holds(const std::string& text, const std::string& part) {
   if (!printable(text, true))
-    return ::testing::AssertionFailure() << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
+    return ::testing::AssertionFailure()
+           << "not printable (raw control or invalid UTF-8 bytes): " << shown(text);
   if (text.find(part) == std::string::npos)
-    return ::testing::AssertionFailure() << "\"" << shown(text) << "\" does not hold \"" << shown(part) << "\"";
+    return ::testing::AssertionFailure()
+           << "\"" << shown(text) << "\" does not hold \"" << shown(part) << "\"";
   return ::testing::AssertionSuccess();
 }
 

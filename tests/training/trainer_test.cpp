@@ -229,22 +229,24 @@ TEST(Trainer, QuotesCheckpointMetadataAndNamesEscaped) {
     st::File file = st::load(path);
     damage(file);
     st::save(file, dir.file("damaged.safetensors"));
-    return mha::testing::error_of([&] { (void)mha::train::read_checkpoint(dir.file("damaged.safetensors")); });
+    return mha::testing::error_of(
+        [&] { (void)mha::train::read_checkpoint(dir.file("damaged.safetensors")); });
   };
   using mha::testing::printable_and_holds;
-  EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) { f.metadata["format"] = "\x1b[2J\xc2\x9b\xe2\x80\xae"; }),
-                                  "got '\\x1b[2J\\u009b\\u202e'"));
+  EXPECT_TRUE(printable_and_holds(
+      message_of([](st::File& f) { f.metadata["format"] = "\x1b[2J\xc2\x9b\xe2\x80\xae"; }),
+      "got '\\x1b[2J\\u009b\\u202e'"));
   EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) { f.metadata["epoch"] = "1\x1b]0;x\x07"; }),
                                   "metadata 'epoch': expected a whole number >= 0, got '1\\x1b]0;x\\x07'"));
   // A configuration field that is not one; JSON's \u escapes decode to the raw characters.
   EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) {
-                                    f.metadata["config"] = R"({"\u001b[2J\u009b":1,)" + f.metadata["config"].substr(1);
+                                    f.metadata["config"] =
+                                        R"({"\u001b[2J\u009b":1,)" + f.metadata["config"].substr(1);
                                   }),
                                   "unexpected field '\\x1b[2J\\u009b'"));
-  EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) {
-                                    f.tensors["\x1b]0;x\x07"] = st::from_tensor(Tensor<float>({1}));
-                                  }),
-                                  "unexpected tensor '\\x1b]0;x\\x07'"));
+  EXPECT_TRUE(printable_and_holds(
+      message_of([](st::File& f) { f.tensors["\x1b]0;x\x07"] = st::from_tensor(Tensor<float>({1})); }),
+      "unexpected tensor '\\x1b]0;x\\x07'"));
 }
 
 TEST(Trainer, RefusesDataThatDoesNotFit) {

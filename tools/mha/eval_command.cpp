@@ -32,8 +32,9 @@ void run(const EvalArgs& args) {
   const data::LabelledImages images = data::load_fashion_mnist(args.data_dir, split);
   const train::Evaluation e = train::evaluate(model, images, args.batch_size);
   const auto& names = data::fashion_mnist_class_names();
-  std::printf("%s: epoch %lld of %lld, step %lld\n", escape(args.checkpoint).c_str(), static_cast<long long>(c.epoch),
-              static_cast<long long>(c.config.epochs), static_cast<long long>(c.step));
+  std::printf("%s: epoch %lld of %lld, step %lld\n", escape(args.checkpoint).c_str(),
+              static_cast<long long>(c.epoch), static_cast<long long>(c.config.epochs),
+              static_cast<long long>(c.step));
   std::printf("Fashion-MNIST %s set, %lld images: loss %.4f, accuracy %.2f%%\n", args.split.c_str(),
               static_cast<long long>(e.count), e.loss, 100.0 * e.accuracy);
   for (int64_t k = 0; k < e.num_classes; ++k) {

@@ -215,7 +215,8 @@ void run(TrainArgs& args) {
   while (!trainer.finished()) {
     if (args.stop_after > 0 && trainer.epoch() - first_epoch >= args.stop_after) {
       std::printf("stopped after %lld epoch%s (--stop-after); continue with --resume --checkpoint-dir %s\n",
-                  static_cast<long long>(args.stop_after), args.stop_after == 1 ? "" : "s", escape(dir.string()).c_str());
+                  static_cast<long long>(args.stop_after), args.stop_after == 1 ? "" : "s",
+                  escape(dir.string()).c_str());
       return;
     }
     ProgressBar bar(config.epochs);
