@@ -164,8 +164,11 @@ TEST(Escape, KeepNewlinesKeepsOnlyTheLineBreak) {
   EXPECT_EQ(escape("a\r\n\tb\x1b", true), "a\\r\n\\tb\\x1b");
   EXPECT_EQ(escape("\n\n", true), "\n\n");
   // Every other case escapes exactly as without keep_newlines.
-  for (const Case& c : cases())
-    if (c.input.find('\n') == std::string::npos) EXPECT_EQ(escape(c.input, true), c.expected) << c.what;
+  for (const Case& c : cases()) {
+    if (c.input.find('\n') == std::string::npos) {
+      EXPECT_EQ(escape(c.input, true), c.expected) << c.what;
+    }
+  }
 }
 
 // --- Sweeps --------------------------------------------------------------------------------
