@@ -227,6 +227,7 @@ std::optional<std::string> error_of(const std::function<void()>& call) {
   try {
     call();
   } catch (const mha::Error& e) {
+    mha::fuzz::check_printable_message(e.what());
     return std::string(e.what());
   }
   return std::nullopt;

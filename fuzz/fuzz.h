@@ -1,6 +1,7 @@
 #pragma once
-// What every fuzz target shares: FuzzInput, which decodes the fuzzer's bytes, and finding(),
-// which reports a broken property.
+// What every fuzz target shares: FuzzInput, which decodes the fuzzer's bytes; finding(), which
+// reports a broken property; and check_printable_message(), the property of every mha::Error
+// message a target catches.
 //
 // FuzzInput: the fuzzer's bytes read front to back as the values that describe one case. Once the bytes
 // run out every read returns 0, so every input, the empty one included, is a valid case, and a
@@ -79,6 +80,75 @@ class FuzzInput {
   std::fprintf(stderr, "FUZZ FINDING: %s\n", what.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+// The code points of `text`, each given to visit(); false (having stopped) when `text` is not
+// valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF). Written here,
+// apart from mha::escape (which reads with utf8proc), so that the two are a check on each other.
+template <class Visit>
+bool for_each_code_point(const std::string& text, Visit visit) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t length = 0;
+    uint32_t code = 0, min = 0;
+    if (c < 0x80) {
+      visit(uint32_t{c});
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      length = 2, code = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      length = 3, code = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      length = 4, code = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (i + length > n) return false;
+    for (size_t k = 1; k < length; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+      code = (code << 6) | (s[i + k] & 0x3F);
+    }
+    if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    visit(code);
+    i += length;
+  }
+  return true;
+}
+
+inline bool valid_utf8(const std::string& text) {
+  return for_each_code_point(text, [](uint32_t) {});
+}
+
+// `text` as hex bytes ("1b 5b 32 4a"), for a report that must not print it raw.
+inline std::string hex(const std::string& text) {
+  std::string out;
+  char buffer[4];
+  for (unsigned char c : text) {
+    std::snprintf(buffer, sizeof buffer, "%02x", c);
+    out += out.empty() ? "" : " ";
+    out += buffer;
+  }
+  return out.empty() ? "(empty)" : out;
+}
+
+// Every mha::Error message is escaped as it is made (mha/core/error.h), whatever it quotes from
+// the input: valid UTF-8, and no character a terminal acts on but the line break: no other C0
+// control, no DEL, no C1 control (U+0080..U+009F), no line or paragraph separator, no
+// bidirectional override or isolate.
+inline void check_printable_message(const char* message) {
+  const std::string text = message;
+  bool acts_on_terminal = false;
+  const bool valid = for_each_code_point(text, [&](uint32_t c) {
+    acts_on_terminal = acts_on_terminal || (c < 0x20 && c != '\n') || (c >= 0x7F && c <= 0x9F) ||
+                       c == 0x2028 || c == 0x2029 || c == 0x061C || c == 0x200E || c == 0x200F ||
+                       (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069);
+  });
+  if (!valid) finding("an mha::Error message is not valid UTF-8: bytes " + hex(text));
+  if (acts_on_terminal)
+    finding("an mha::Error message holds a control or bidi character: bytes " + hex(text));
 }
 
 }  // namespace mha::fuzz

@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                           static_cast<uint64_t>(images.columns);
       if (images.pixels.size() != pixels) finding("pixel count differs from count·rows·columns");
     }
-  } catch (const mha::Error&) {
+  } catch (const mha::Error& e) {
+    mha::fuzz::check_printable_message(e.what());
   }
   return 0;
 }

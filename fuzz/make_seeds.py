@@ -101,6 +101,26 @@ def safetensors_parse():
     write(t, "duplicate_key.safetensors", struct.pack("<Q", len(header)) + header + bytes(12))
     header = b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
     write(t, "overlap.safetensors", struct.pack("<Q", len(header)) + header + bytes(8))
+    # Untrusted text: names and metadata with terminal escape sequences (ESC [2J, ESC ]0;...BEL),
+    # C1 CSI and bidi overrides (json.dumps writes them as \u escapes, the parser decodes them),
+    # and headers that are not UTF-8, so that messages quote them (check_printable_message).
+    clear, retitle, csi, rlo = "\x1b[2J", "\x1b]0;x\x07", "\u009b", "\u202e"
+    write(t, "escape_accepted_names.safetensors", safetensors_file(
+        [(clear, "BOOL", [2], bytes([1, 2])), (retitle + csi, "F32", [1], struct.pack("<f", 0.5))],
+        {clear + rlo: retitle + csi}))
+    q = json.dumps  # a JSON string literal, with \u escapes for everything but printable ASCII
+    f32 = '"dtype":"F32","shape":[1]'
+    for name, text in [
+        ("escape_duplicate_name",
+         '{%s:{%s,"data_offsets":[0,4]},%s:{%s,"data_offsets":[4,8]}}' % (q(clear), f32, q(clear), f32)),
+        ("escape_unknown_dtype",
+         '{%s:{"dtype":%s,"shape":[1],"data_offsets":[0,8]}}' % (q(retitle), q(csi + clear))),
+        ("escape_unexpected_field", '{"a":{%s,"data_offsets":[0,8],%s:1}}' % (f32, q(rlo + retitle))),
+        ("escape_metadata_not_a_string", '{"__metadata__":{%s:[%s]}}' % (q(clear + csi), q(retitle)))]:
+        write(t, name + ".safetensors", struct.pack("<Q", len(text)) + text.encode() + bytes(8))
+    # nlohmann's parse error quotes the bytes it read last, raw: a C1 character, then 0xFF.
+    header = b'{"\xc2\x9b\xff\x1b[2J":1}'
+    write(t, "escape_header_not_utf8.safetensors", struct.pack("<Q", len(header)) + header)
 
 
 # --- safetensors_roundtrip: FuzzInput bytes -------------------------------------------------
@@ -136,6 +156,12 @@ def safetensors_roundtrip():
         [(b"", "I64", [], struct.pack("<q", -(2**63))), (b"mask", "BOOL", [2, 2], bytes([1, 0, 0, 1])),
          (b"empty", "U8", [0, 3], b""), (b"i8", "I8", [3], bytes([0x80, 0, 0x7F])),
          (b"i16", "I16", [2], struct.pack("<2h", -1, 300))], [], False))
+    # Names that must be quoted escaped: a BOOL byte 2 refused under an ESC name, a name that is
+    # not UTF-8 refused by serialize.
+    write(t, "escape_names", roundtrip_case(
+        [(b"\x1b[2J", "BOOL", [2], bytes([1, 2])), (b"\x1b]0;x\x07\xc2\x9b", "U8", [1], bytes([7]))],
+        [(b"\x1b[2J", "\u202e\u2066".encode())], False))
+    write(t, "escape_not_utf8", roundtrip_case([(b"\xff\x1b[2J", "I8", [1], bytes([1]))], [], False))
     write(t, "bad_names", roundtrip_case([(b"__metadata__", "F64", [1], bytes(8)), (b"\xff", "I32", [1], bytes(4))],
                                          [(b"\xc0\x80", b"overlong")], False))
 
@@ -154,6 +180,10 @@ def idx_reader():
     write(t, "labels", b"\x01\x0a" + labels)
     write(t, "labels_gzip", b"\x01\x0a" + gzip.compress(labels, mtime=0))
     write(t, "labels_out_of_range", b"\x01\x05" + labels)
+    # zlib's own message in the error: the first deflate block has the invalid type 3.
+    corrupt = bytearray(gzip.compress(images, mtime=0))
+    corrupt[10] = 0xFF
+    write(t, "images_gzip_corrupt", b"\x00" + bytes(corrupt))
 
 
 # --- attention_module: FuzzInput bytes (the order of the reads in attention_module.cpp) ------

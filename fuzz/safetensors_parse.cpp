@@ -15,6 +15,7 @@
 namespace {
 
 namespace st = mha::safetensors;
+using mha::fuzz::check_printable_message;
 using mha::fuzz::finding;
 
 bool same(const st::File& a, const st::File& b) {
@@ -33,8 +34,9 @@ void convert(const st::TensorData& tensor, const std::string& name) {
   try {
     const mha::Tensor<T> converted = st::to_tensor<T>(tensor, name);
     if (converted.shape() != tensor.shape) finding("to_tensor changed the shape of '" + name + "'");
-  } catch (const mha::Error&) {
+  } catch (const mha::Error& e) {
     // A value that does not fit T (or a BOOL byte other than 0 and 1): refused, as it must be.
+    check_printable_message(e.what());
   }
 }
 
@@ -45,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st::File file;
   try {
     file = st::parse(bytes);
-  } catch (const mha::Error&) {
+  } catch (const mha::Error& e) {
+    check_printable_message(e.what());
     return 0;
   }
   for (const auto& [name, tensor] : file.tensors) {
@@ -60,12 +63,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     image = st::serialize(file);
   } catch (const mha::Error& e) {
+    check_printable_message(e.what());
     finding(std::string("serialize refused a file that parse accepted: ") + e.what());
   }
   st::File back;
   try {
     back = st::parse(image);
   } catch (const mha::Error& e) {
+    check_printable_message(e.what());
     finding(std::string("parse refused what serialize wrote: ") + e.what());
   }
   if (!same(file, back)) finding("a parsed file written and read back differs from itself");

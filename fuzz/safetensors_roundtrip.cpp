@@ -17,7 +17,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -32,49 +31,6 @@ namespace {
 namespace st = mha::safetensors;
 using mha::fuzz::finding;
 using mha::fuzz::FuzzInput;
-
-// RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF. (A second opinion on what
-// the JSON writer accepts: the two must agree.)
-bool valid_utf8(const std::string& text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = s[i];
-    size_t length = 0;
-    uint32_t code = 0, min = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      length = 2, code = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      length = 3, code = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      length = 4, code = c & 0x07, min = 0x10000;
-    } else {
-      return false;
-    }
-    if (i + length > n) return false;
-    for (size_t k = 1; k < length; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      code = (code << 6) | (s[i + k] & 0x3F);
-    }
-    if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
-    i += length;
-  }
-  return true;
-}
-
-std::string hex(const std::string& text) {
-  std::string out;
-  char buffer[4];
-  for (unsigned char c : text) {
-    std::snprintf(buffer, sizeof buffer, "%02x", c);
-    out += out.empty() ? "" : " ";
-    out += buffer;
-  }
-  return out.empty() ? "(empty)" : out;
-}
 
 bool same(const st::File& a, const st::File& b) {
   if (a.metadata != b.metadata || a.tensors.size() != b.tensors.size()) return false;
@@ -138,6 +94,7 @@ void check_typed_round_trip(const std::string& name, const st::TensorData& data)
         if (!all_0_or_1) finding("to_tensor<bool> accepted a BOOL byte other than 0 and 1 in '" + name + "'");
         if (back.bytes != data.bytes) finding("BOOL tensor '" + name + "' changed through to_tensor<bool>");
       } catch (const mha::Error& e) {
+        mha::fuzz::check_printable_message(e.what());
         if (all_0_or_1) finding("to_tensor<bool> refused valid BOOL bytes: " + std::string(e.what()));
       }
       break;
@@ -194,19 +151,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool writable = true;
   std::string unwritable;  // the first such string, for the report
   const auto note = [&](const std::string& text, bool ok) {
-    if (!ok && writable) unwritable = hex(text);
+    if (!ok && writable) unwritable = mha::fuzz::hex(text);
     writable = writable && ok;
   };
-  for (const auto& [name, tensor] : file.tensors) note(name, valid_utf8(name) && name != "__metadata__");
+  for (const auto& [name, tensor] : file.tensors)
+    note(name, mha::fuzz::valid_utf8(name) && name != "__metadata__");
   for (const auto& [key, value] : file.metadata) {
-    note(key, valid_utf8(key));
-    note(value, valid_utf8(value));
+    note(key, mha::fuzz::valid_utf8(key));
+    note(value, mha::fuzz::valid_utf8(value));
   }
 
   std::vector<std::byte> image;
   try {
     image = st::serialize(file);
   } catch (const mha::Error& e) {
+    mha::fuzz::check_printable_message(e.what());
     if (writable) finding(std::string("serialize refused a valid file: ") + e.what());
     return 0;
   }
@@ -221,6 +180,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     back = st::parse(image);
   } catch (const mha::Error& e) {
+    mha::fuzz::check_printable_message(e.what());
     finding(std::string("parse refused what serialize wrote: ") + e.what());
   }
   if (!same(file, back)) finding("a file written and read back differs");

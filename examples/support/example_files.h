@@ -15,6 +15,7 @@
 #include <string>
 
 #include "mha/core/error.h"
+#include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/serialization.h"
 #include "mha/viz/heatmap.h"
@@ -28,6 +29,10 @@ struct ExampleFiles {
   // with `exit_code` set.
   bool parse(int argc, char** argv, const std::string& description, int& exit_code) {
     CLI::App app{description};
+    // CLI11's messages quote the flags as given (a value, a path that does not exist): escaped.
+    app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+      return escape(CLI::FailureMessage::simple(failed, e), /*keep_newlines=*/true);
+    });
     app.add_option("--weights", weights, "load the model's state dict (PyTorch names) from this file")
         ->check(CLI::ExistingFile);
     app.add_option("--inputs", inputs, "take the inputs from this file")->check(CLI::ExistingFile);
@@ -61,14 +66,14 @@ struct ExampleFiles {
     safetensors::File file;
     for (const auto& [name, tensor] : results) file.tensors.emplace(name, safetensors::from_tensor(tensor));
     safetensors::save(file, output);
-    std::printf("results written to %s\n", output.c_str());
+    std::printf("results written to %s\n", escape(output).c_str());
   }
 
   // Draws (H, L, S) attention weights to --heatmap when given.
   void draw(const Tensor<float>& weights, const viz::HeatmapOptions& options) const {
     if (heatmap.empty()) return;
     viz::write_attention_heatmap(heatmap, weights, options);
-    std::printf("heatmap written to %s\n", heatmap.c_str());
+    std::printf("heatmap written to %s\n", escape(heatmap).c_str());
   }
 };
 
@@ -78,7 +83,7 @@ int run_example(Body body) {
   try {
     return body();
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", e.what());  // already escaped, as every mha::Error
     return 1;
   }
 }

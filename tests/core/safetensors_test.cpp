@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../support/assertions.h"
+#include "../support/printable.h"
 
 namespace {
 
@@ -676,6 +677,74 @@ TEST(SafetensorsFiles, LoadErrorsNameThePath) {
   write_file(corrupt, "abc");
   EXPECT_ERROR_CONTAINS(st::load(corrupt.string()), "too short");
   EXPECT_ERROR_CONTAINS(st::load(corrupt.string()), corrupt.string());
+}
+
+// -------------------------------------------------------------------------------------------
+// Text from the file (names, metadata, the JSON parser's own messages) and paths in messages:
+// escaped, so a file cannot send escape sequences or broken UTF-8 to the terminal that shows
+// the error. Each message must be printable (tests/support/printable.h) and hold the escape.
+
+#define EXPECT_ESCAPED_ERROR(statement, part) \
+  EXPECT_TRUE(mha::testing::printable_and_holds(error_of([&] { statement; }), part))
+
+const std::string kF32x1 = R"("dtype":"F32","shape":[1])";
+
+TEST(SafetensorsUntrustedText, TensorNamesInMessagesAreEscaped) {
+  // A name breaks a rule: a duplicate, an unknown dtype, a field that is not one.
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"\u001b[2J":{)" + kF32x1 + R"(,"data_offsets":[0,4]},"\u001b[2J":{)" + kF32x1 +
+                              R"(,"data_offsets":[4,8]}})",
+                          std::string(8, '\0'))),
+      "duplicate key '\\x1b[2J' in the header");
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"\u001b]0;x\u0007":{"dtype":"F8","shape":[1],"data_offsets":[0,1]}})", "x")),
+      "tensor '\\x1b]0;x\\x07': unknown dtype \"F8\"");
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"a":{"dtype":"\u009b\u202e","shape":[1],"data_offsets":[0,1]}})", "x")),
+      "unknown dtype \"\\u009b\\u202e\"");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"a":{)" + kF32x1 + R"(,"data_offsets":[0,4],"\u001b[2J":1}})",
+                                           std::string(4, '\0'))),
+                       "unexpected field '\\x1b[2J'");
+  // A tensor whose values do not fit, and a tensor that is not there (the names there are listed).
+  const st::File file =
+      st::parse(make_file(R"({"\u001b[2J":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"));
+  EXPECT_ESCAPED_ERROR(st::to_tensor<bool>(file.tensors.begin()->second, file.tensors.begin()->first),
+                       "tensor '\\x1b[2J': BOOL element 1 is stored as byte 2");
+  EXPECT_ESCAPED_ERROR(st::require(file, "query\x1b]0;x\x07", "inputs"),
+                       "inputs: no tensor named 'query\\x1b]0;x\\x07' (have: \\x1b[2J)");
+}
+
+TEST(SafetensorsUntrustedText, MetadataInMessagesIsEscaped) {
+  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"__metadata__":{"\u001b[2J":1}})", "")),
+                       "__metadata__ entry '\\x1b[2J' must be a string, got 1");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file(R"({"__metadata__":{"k":["\u009b\u2028"]}})", "")),
+                       "__metadata__ entry 'k' must be a string, got [\"\\u009b\\u2028\"]");
+  EXPECT_ESCAPED_ERROR(
+      st::parse(make_file(R"({"__metadata__":{"\u001b]0;x\u0007":"1","\u001b]0;x\u0007":"2"}})", "")),
+      "duplicate key '\\x1b]0;x\\x07' inside '__metadata__'");
+}
+
+// nlohmann's parse errors quote the bytes last read, raw: a header that is not UTF-8 put them
+// into the message as they were.
+TEST(SafetensorsUntrustedText, JsonParseErrorsAreEscaped) {
+  EXPECT_ESCAPED_ERROR(st::parse(make_file("{\"a\xff\":1}", "")), "last read: '\"a\\xff'");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file("{\"a\":\"\xe2\x82\"}", "")), "last read: '\"\\xe2\\x82");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file("{\"\xc0\x80\":1}", "")), "last read: '\"\\xc0");
+  EXPECT_ESCAPED_ERROR(st::parse(make_file("{\"\x1b[2J\":1}", "")), "header is not valid JSON");
+}
+
+TEST(SafetensorsUntrustedText, PathsInMessagesAreEscaped) {
+  TempDir dir;
+  const std::string name = "\x1b]0;x\x07\xff\x1b[2J.safetensors";
+  const std::string shown = dir.path().string() + "/\\x1b]0;x\\x07\\xff\\x1b[2J.safetensors";
+  EXPECT_ESCAPED_ERROR(st::load((dir.path() / name).string()), "cannot load '" + shown + "'");
+  write_file(dir.path() / name, "abc");
+  EXPECT_ESCAPED_ERROR(st::load((dir.path() / name).string()), "(in '" + shown + "')");
+  EXPECT_ESCAPED_ERROR(st::MappedFile mapped((dir.path() / name).string()), "(in '" + shown + "')");
+  st::File file;
+  file.tensors["x"] = st::from_tensor(mha::Tensor<float>({1}));
+  EXPECT_ESCAPED_ERROR(st::save(file, (dir.path() / ("d\x1b[2J") / "out.safetensors").string()),
+                       dir.path().string() + "/d\\x1b[2J/out.safetensors");
 }
 
 }  // namespace

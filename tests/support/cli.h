@@ -1,6 +1,7 @@
 #pragma once
-// Running the built `mha` binary from a test, capturing what it prints and its exit code; and
-// CliTest, the fixture of every CLI test: a fresh directory for the files a test writes.
+// Running the built `mha` binary (or an example program) from a test, capturing what it prints
+// and its exit code; and CliTest, the fixture of every CLI test: a fresh directory for the files
+// a test writes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,8 +20,17 @@ struct CliResult {
   std::string output;  // stdout and stderr
 };
 
-inline CliResult run_cli(const std::string& arguments) {
-  const std::string command = std::string(MHA_CLI_PATH) + " " + arguments + " 2>&1";
+// `text` as one word for the shell that runs the command (/bin/sh): single-quoted, so that every
+// byte but the quote itself (written as '\'') passes as it is: spaces, ESC, 0xFF.
+inline std::string shell_quote(const std::string& text) {
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs `program` with `arguments` (as the shell splits them).
+inline CliResult run_program(const std::string& program, const std::string& arguments) {
+  const std::string command = program + " " + arguments + " 2>&1";
   CliResult r{0, {}};
   FILE* pipe = popen(command.c_str(), "r");
   std::array<char, 4096> buffer{};
@@ -29,6 +39,11 @@ inline CliResult run_cli(const std::string& arguments) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+#ifdef MHA_CLI_PATH
+// Runs the built `mha` (its path comes from the build: test_cli defines MHA_CLI_PATH).
+inline CliResult run_cli(const std::string& arguments) { return run_program(MHA_CLI_PATH, arguments); }
+#endif
 
 // An empty directory for each test, made before SetUp and removed with everything in it after
 // TearDown. It is named after the test suite and the process, because ctest runs every test in

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "../support/assertions.h"
 #include "../support/golden.h"
+#include "../support/printable.h"
 #include "mha/core/safetensors.h"
 
 namespace {
@@ -213,6 +215,38 @@ TEST(Trainer, RefusesAMismatchedOrDamagedCheckpoint) {
   EXPECT_TRUE(throws_error([&] { trainer.load_checkpoint(dir.file("tensor.safetensors")); },
                            {"missing tensor 'fc1.bias'"}));
   EXPECT_TRUE(throws_error([&] { mha::train::read_checkpoint(dir.file("absent.safetensors")); }, {"absent"}));
+}
+
+// The checkpoint's metadata and tensor names are text from a file: the messages quoting them are
+// escaped (printable, with the escape in place of the control characters).
+TEST(Trainer, QuotesCheckpointMetadataAndNamesEscaped) {
+  TempDir dir;
+  const auto train = synthetic(100, 5), test = synthetic(20, 6);
+  Trainer trainer(small_config(), train, test);
+  const std::string path = dir.file("c.safetensors");
+  trainer.save_checkpoint(path);
+  const auto message_of = [&](const std::function<void(st::File&)>& damage) {
+    st::File file = st::load(path);
+    damage(file);
+    st::save(file, dir.file("damaged.safetensors"));
+    return mha::testing::error_of(
+        [&] { (void)mha::train::read_checkpoint(dir.file("damaged.safetensors")); });
+  };
+  using mha::testing::printable_and_holds;
+  EXPECT_TRUE(printable_and_holds(
+      message_of([](st::File& f) { f.metadata["format"] = "\x1b[2J\xc2\x9b\xe2\x80\xae"; }),
+      "got '\\x1b[2J\\u009b\\u202e'"));
+  EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) { f.metadata["epoch"] = "1\x1b]0;x\x07"; }),
+                                  "metadata 'epoch': expected a whole number >= 0, got '1\\x1b]0;x\\x07'"));
+  // A configuration field that is not one; JSON's \u escapes decode to the raw characters.
+  EXPECT_TRUE(printable_and_holds(message_of([](st::File& f) {
+                                    f.metadata["config"] =
+                                        R"({"\u001b[2J\u009b":1,)" + f.metadata["config"].substr(1);
+                                  }),
+                                  "unexpected field '\\x1b[2J\\u009b'"));
+  EXPECT_TRUE(printable_and_holds(
+      message_of([](st::File& f) { f.tensors["\x1b]0;x\x07"] = st::from_tensor(Tensor<float>({1})); }),
+      "unexpected tensor '\\x1b]0;x\\x07'"));
 }
 
 TEST(Trainer, RefusesDataThatDoesNotFit) {

@@ -23,6 +23,7 @@
 #include "mha/attention/attention.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/blas_threads.h"
+#include "mha/core/escape.h"
 #include "mha/core/gemm.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
@@ -192,7 +193,7 @@ void run_bench(const BenchArgs& args) {
   if (!args.json_path.empty()) {
     const std::string text = report.dump(2) + "\n";
     write_file_atomically(args.json_path, "mha bench", [&](std::FILE* f) { std::fputs(text.c_str(), f); });
-    std::printf("JSON written to %s\n", args.json_path.c_str());
+    std::printf("JSON written to %s\n", escape(args.json_path).c_str());
   }
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mha/core/blas_threads.h"
+#include "mha/core/escape.h"
 #include "mha/data/fashion_mnist.h"
 #include "mha/train/trainer.h"
 #include "mha/viz/charts.h"
@@ -31,8 +32,9 @@ void run(const EvalArgs& args) {
   const data::LabelledImages images = data::load_fashion_mnist(args.data_dir, split);
   const train::Evaluation e = train::evaluate(model, images, args.batch_size);
   const auto& names = data::fashion_mnist_class_names();
-  std::printf("%s: epoch %lld of %lld, step %lld\n", args.checkpoint.c_str(), static_cast<long long>(c.epoch),
-              static_cast<long long>(c.config.epochs), static_cast<long long>(c.step));
+  std::printf("%s: epoch %lld of %lld, step %lld\n", escape(args.checkpoint).c_str(),
+              static_cast<long long>(c.epoch), static_cast<long long>(c.config.epochs),
+              static_cast<long long>(c.step));
   std::printf("Fashion-MNIST %s set, %lld images: loss %.4f, accuracy %.2f%%\n", args.split.c_str(),
               static_cast<long long>(e.count), e.loss, 100.0 * e.accuracy);
   for (int64_t k = 0; k < e.num_classes; ++k) {
@@ -47,7 +49,7 @@ void run(const EvalArgs& args) {
     viz::write_confusion_matrix(args.confusion_png, e.confusion, e.num_classes,
                                 std::vector<std::string>(names.begin(), names.end()),
                                 "Fashion-MNIST " + args.split + " set, epoch " + std::to_string(c.epoch));
-    std::printf("confusion matrix: %s\n", args.confusion_png.c_str());
+    std::printf("confusion matrix: %s\n", escape(args.confusion_png).c_str());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
 #include "mha/viz/heatmap.h"
 
@@ -90,7 +91,7 @@ void run(const HeatmapArgs& args, bool batch_given) {
   const int64_t nan_count = viz::write_attention_heatmap(args.output_path, panels, options);
   if (nan_count > 0)
     std::cerr << "mha heatmap: warning: " << nan_count << " NaN weight" << (nan_count == 1 ? "" : "s")
-              << " in " << what << ", drawn in magenta\n";
+              << " in " << escape(what) << ", drawn in magenta\n";
 }
 
 }  // namespace

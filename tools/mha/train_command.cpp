@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mha/core/atomic_file.h"
+#include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
 #include "mha/data/fashion_mnist.h"
 #include "mha/nn/serialization.h"
@@ -198,12 +199,12 @@ void run(TrainArgs& args) {
               static_cast<long long>(config.batch_size), config.lr, static_cast<long long>(config.warmup_steps),
               config.min_lr, config.weight_decay, static_cast<unsigned long long>(config.seed), omp_get_max_threads());
   if (args.resume)
-    std::printf("  resuming %s after epoch %lld (step %lld)\n", checkpoint.string().c_str(),
+    std::printf("  resuming %s after epoch %lld (step %lld)\n", escape(checkpoint.string()).c_str(),
                 static_cast<long long>(trainer.epoch()), static_cast<long long>(trainer.step()));
   std::fflush(stdout);
   if (trainer.finished()) {
     std::printf("all %lld epochs are done; nothing to train (mha eval --checkpoint %s evaluates it)\n",
-                static_cast<long long>(config.epochs), checkpoint.string().c_str());
+                static_cast<long long>(config.epochs), escape(checkpoint.string()).c_str());
     return;
   }
 
@@ -214,7 +215,8 @@ void run(TrainArgs& args) {
   while (!trainer.finished()) {
     if (args.stop_after > 0 && trainer.epoch() - first_epoch >= args.stop_after) {
       std::printf("stopped after %lld epoch%s (--stop-after); continue with --resume --checkpoint-dir %s\n",
-                  static_cast<long long>(args.stop_after), args.stop_after == 1 ? "" : "s", dir.string().c_str());
+                  static_cast<long long>(args.stop_after), args.stop_after == 1 ? "" : "s",
+                  escape(dir.string()).c_str());
       return;
     }
     ProgressBar bar(config.epochs);
@@ -249,8 +251,9 @@ void run(TrainArgs& args) {
               100.0 * last.test_accuracy, static_cast<long long>(last.epoch), clock_time(total).c_str(),
               train_seconds > 0 ? static_cast<double>(trained_samples) / train_seconds : 0.0);
   if (args.max_steps == 0)
-    std::printf("  %s, %s, %s\n", checkpoint.string().c_str(), (dir / "training_curves.png").string().c_str(),
-                (dir / "confusion_matrix.png").string().c_str());
+    std::printf("  %s, %s, %s\n", escape(checkpoint.string()).c_str(),
+                escape((dir / "training_curves.png").string()).c_str(),
+                escape((dir / "confusion_matrix.png").string()).c_str());
 }
 
 }  // namespace
