@@ -13,17 +13,18 @@
 //   system cannot make unnamed files, the temporary is named from the start (a kill while
 //   writing leaves `<path>.tmp.<pid>.<n>` behind, partial; readers of `path` are unaffected).
 // * Any failure (cannot create, write, flush, fsync, close, link or rename: full disk,
-//   RLIMIT_FSIZE, no permission, no such directory, or an exception from `write`) throws
-//   mha::Error "<what>: cannot write '<path>': <reason>", <reason> being the system's (e.g.
-//   "No space left on device", "File too large"), and leaves nothing behind: the target keeps
-//   its old contents, or stays absent, and no temporary file remains. (One exception: when
-//   syncing the directory fails after the rename, the new file is in place and the error says
-//   so; it may not survive a power loss.)
+//   RLIMIT_FSIZE, no permission, no such directory) throws mha::Error "<what>: cannot write
+//   '<path>': <reason>", <reason> being the system's (e.g. "No space left on device", "File too
+//   large"); an exception from `write` passes through as it is. Either way nothing is left
+//   behind: the target keeps its old contents, or stays absent, and no temporary file remains.
+//   (One exception: when syncing the directory fails after the rename, the new file is in place
+//   and the error says so; it may not survive a power loss.)
 // * A target that exists and is not a regular file (a device such as /dev/null or /dev/full, a
 //   FIFO, a socket, or a file named through /proc or /sys, as /dev/stdout and /dev/fd/N are) is
 //   written directly, as a shell redirection would: opened without creating or truncating
 //   anything, never with a temporary beside it, never renamed over. Errors are reported the
-//   same way (ENOSPC from /dev/full); what was written before the error is not taken back.
+//   same way (ENOSPC from /dev/full; a directory is "Is a directory"); what was written before
+//   the error is not taken back.
 // * Symbolic links are followed: the file a link points to is replaced and the link is kept.
 // * A new file gets the mode any new file gets (0666 less the umask); a replaced file's mode is
 //   not carried over.
