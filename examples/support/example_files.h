@@ -10,6 +10,7 @@
 // that have one picture to show).
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -77,9 +78,12 @@ struct ExampleFiles {
   }
 };
 
-// Runs body() and turns an mha::Error into a one-line message and exit code 1.
+// Runs body() and turns an mha::Error into a one-line message and exit code 1. SIGXFSZ is
+// ignored, as in the mha tool: a write past the file-size limit then fails with "File too large"
+// instead of killing the example.
 template <class Body>
 int run_example(Body body) {
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return body();
   } catch (const Error& e) {

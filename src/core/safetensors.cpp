@@ -693,9 +693,11 @@ void save(const File& file, const std::string& path) {
   const std::string header = header_text(file);
   const uint64_t header_size = header.size();
   write_file_atomically(path, "safetensors", [&](std::FILE* out) {
+    // errno is read after fwrite has failed: as two arguments of one check(), the order in which
+    // they were evaluated was unspecified, and GCC read errno first (a stale "Success").
     auto write = [&](const void* bytes, size_t size) {
-      check(std::fwrite(bytes, 1, size, out) == size, "safetensors: cannot write '", path, "': ",
-            std::strerror(errno));
+      if (std::fwrite(bytes, 1, size, out) != size)
+        throw Error(detail::concat("safetensors: cannot write '", path, "': ", std::strerror(errno)));
     };
     write(&header_size, sizeof(header_size));
     write(header.data(), header.size());

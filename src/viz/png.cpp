@@ -5,20 +5,15 @@
 // (png_image_*) does the setjmp itself and comes back with a return code and a message, so no
 // libpng error can abort the process or unwind through C++ frames.
 #include <png.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
-#include <system_error>
-
-#include "mha/core/error.h"
-#include "mha/viz/heatmap.h"
 
 #include "mha/core/atomic_file.h"
+#include "mha/core/error.h"
+#include "mha/viz/heatmap.h"
 
 namespace mha::viz {
 namespace {
@@ -41,8 +36,12 @@ void encode(std::FILE* file, const Image& image, const std::string& path) {
   png.format = PNG_FORMAT_RGB;
   const int ok = png_image_write_to_stdio(&png, file, /*convert_to_8_bit=*/0, image.rgb.data(),
                                           /*row_stride=*/image.width * 3, /*colormap=*/nullptr);
+  // A failed fwrite is only "Write Error" to libpng; the system's reason ("No space left on
+  // device", "File too large") is in errno, taken before anything else can change it.
+  const int write_error = std::ferror(file) ? errno : 0;
   const std::string message = png.message;  // copied before png_image_free clears the struct
   png_image_free(&png);
+  if (write_error != 0) throw Error(detail::concat("write_png: cannot write '", path, "': ", std::strerror(write_error)));
   check(ok != 0, "write_png: cannot write '", path, "': libpng: ", message);
 }
 

@@ -259,10 +259,11 @@ TEST_F(HeatmapFiles, UnwritablePathsThrowAndLeaveNoFile) {
   EXPECT_TRUE(throws_error([&] { write_attention_heatmap(path("no_such_dir/out.png"), known_weights()); },
                            {"write_png: cannot write '", "no_such_dir/out.png", "No such file or directory"}));
   EXPECT_FALSE(fs::exists(path("no_such_dir")));
-  // A directory in the way: the temporary file is written, the rename fails, and it is removed.
+  // A directory in the way: not a regular file, so it would be written in place, and opening it
+  // for writing fails; nothing is created beside it or inside it.
   fs::create_directories(path("a_directory/inside"));
   EXPECT_TRUE(throws_error([&] { write_attention_heatmap(path("a_directory"), known_weights()); },
-                           {"cannot write '", "a_directory", "renaming"}));
+                           {"write_png: cannot write '", "a_directory", "': Is a directory"}));
   EXPECT_TRUE(fs::is_directory(path("a_directory/inside")));
   EXPECT_EQ(files_in_dir(), 1u);
   // Bad input never touches the disk.

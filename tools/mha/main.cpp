@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cctype>
+#include <csignal>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -36,6 +37,11 @@ std::string one_line(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f, RLIMIT_FSIZE) raises SIGXFSZ, whose default
+  // action kills the process on the spot, leaving no message. Ignored, the write fails with EFBIG
+  // instead, and the command reports "File too large" naming the file, like any other failed
+  // write (mha/core/atomic_file.h).
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"mha: multi-head attention, faithful to PyTorch, forward and backward."};
   // CLI11's own errors (unknown flag, bad value, missing option) in mha's one-line form, instead
   // of its default of the message and a second line about --help.
