@@ -6,9 +6,13 @@
 // The kill moments: a few right at process start; 20 drawn (fixed seed) uniformly over the
 // uninterrupted run's measured duration; and a few aimed at checkpoint writes, a short time
 // after the run announces an epoch (it prints "epoch k/E: ..." and flushes just before saving
-// that epoch's checkpoint). Every delay is a fraction of the measured duration, so the test
-// means the same under the sanitizers, where everything is slower. Whether a kill landed inside
-// a checkpoint write shows afterwards: the epoch announced last is ahead of the checkpoint's.
+// that epoch's checkpoint). Every delay but those at the start is a fraction of the measured
+// duration of a run, so the test means the same under the sanitizers, where everything is
+// slower. The duration is the fastest complete run seen so far: the uninterrupted ones, and any
+// later run that went from start to end (a fresh start after a kill, a run that ended before its
+// kill), so that a machine busy at the beginning does not push the kills past the end of later
+// runs. Whether a kill landed inside a checkpoint write shows afterwards: the epoch announced
+// last is ahead of the checkpoint's.
 //
 // Built as its own test program (test_train_crash, ctest label "crash"); it needs the
 // Fashion-MNIST files and skips without them.
@@ -56,16 +60,20 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// When to kill: `delay` seconds after the start, or, with `after_epoch` > 0, `delay` seconds after
-// the run has announced that epoch (if it never does, it is not killed).
+// When to kill: `seconds` plus the fraction `of_run` of a run's duration after the start, or,
+// with `after_epoch` > 0, after the run has announced that epoch (if it never does, it is not
+// killed).
 struct KillPoint {
-  double delay = 0;
+  double seconds = 0;
+  double of_run = 0;
   int64_t after_epoch = 0;
+  double delay(double run) const { return seconds + of_run * run; }
 };
 
 struct Killed {
   std::string output;  // everything the run printed before it died
   int exit_code = -1;  // 128 + SIGKILL, or 0 when the run ended before the kill
+  double seconds = 0;  // from the start until its output ended
 };
 
 // The last epoch the run announced as done ("epoch k/E: train loss ..."), or 0.
@@ -77,8 +85,9 @@ int64_t announced_epoch(const std::string& output) {
   return last;
 }
 
-// Starts `arguments` and SIGKILLs it at `when`, reading what it prints all along.
-Killed run_and_kill(const std::string& arguments, const KillPoint& when) {
+// Starts `arguments` and SIGKILLs it `delay` seconds after the start, or after it announces epoch
+// `after_epoch` when that is not 0, reading what it prints all along.
+Killed run_and_kill(const std::string& arguments, double delay, int64_t after_epoch) {
   int pipe_fds[2];
   EXPECT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
   const Clock::time_point start = Clock::now();
@@ -86,8 +95,9 @@ Killed run_and_kill(const std::string& arguments, const KillPoint& when) {
   ::close(pipe_fds[1]);
   EXPECT_GT(pid, 0);
   Killed result;
-  bool armed = when.after_epoch == 0, killed = false;
-  Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(when.delay));
+  const auto wait_delay = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
+  bool armed = after_epoch == 0, killed = false;
+  Clock::time_point deadline = start + wait_delay;
   std::array<char, 4096> buffer{};
   for (;;) {
     if (!killed && armed && Clock::now() >= deadline) {
@@ -108,11 +118,12 @@ Killed run_and_kill(const std::string& arguments, const KillPoint& when) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the run is over: killed, or done
     result.output.append(buffer.data(), static_cast<size_t>(n));
-    if (!armed && announced_epoch(result.output) >= when.after_epoch) {
+    if (!armed && announced_epoch(result.output) >= after_epoch) {
       armed = true;
-      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(when.delay));
+      deadline = Clock::now() + wait_delay;
     }
   }
+  result.seconds = seconds_since(start);
   ::close(pipe_fds[0]);
   result.exit_code = testing::wait_for(pid);
   return result;
@@ -168,25 +179,28 @@ TEST_F(TrainCrash, KilledAnywhereThenResumedEndsBitwiseEqual) {
   expect_same_checkpoint(path("again/checkpoint.safetensors"), reference_checkpoint);
   ASSERT_FALSE(::testing::Test::HasFailure()) << "two uninterrupted runs differ: nothing to compare with";
 
-  std::vector<KillPoint> points = {{0.0, 0}, {0.001, 0}, {0.01, 0}};  // at process start
+  std::vector<KillPoint> points = {{0.0, 0, 0}, {0.001, 0, 0}, {0.01, 0, 0}};  // at process start
   std::mt19937_64 random(20240613);
-  std::uniform_real_distribution<double> anywhere(0.0, duration);
-  for (int i = 0; i < 20; ++i) points.push_back({anywhere(random), 0});
-  const double epoch_time = duration / kEpochs;  // an upper bound: the run includes loading the data
+  std::uniform_real_distribution<double> anywhere(0.0, 1.0);
+  for (int i = 0; i < 20; ++i) points.push_back({0, anywhere(random), 0});
+  // Into the checkpoint write: fractions of an epoch's time (an upper bound of it: a run's
+  // duration includes loading the data).
   for (const auto& [epoch, fraction] : std::vector<std::pair<int64_t, double>>{
            {1, 0.0}, {2, 0.002}, {4, 0.005}, {7, 0.01}, {11, 0.02}, {16, 0.05}})
-    points.push_back({fraction * epoch_time, epoch});
+    points.push_back({0, fraction / kEpochs, epoch});
 
   int no_checkpoint = 0, during_write = 0, finished = 0, leftovers = 0;
   for (size_t i = 0; i < points.size(); ++i) {
     const KillPoint& point = points[i];
-    SCOPED_TRACE("kill point " + std::to_string(i) + ": " + std::to_string(point.delay) + " s" +
+    const double delay = point.delay(duration);
+    SCOPED_TRACE("kill point " + std::to_string(i) + ": " + std::to_string(delay) + " s" +
                  (point.after_epoch > 0 ? " after epoch " + std::to_string(point.after_epoch) : ""));
     const std::string dir = path("run" + std::to_string(i));
     const std::string checkpoint = dir + "/checkpoint.safetensors";
-    const Killed killed = run_and_kill(train_command(dir), point);
+    const Killed killed = run_and_kill(train_command(dir), delay, point.after_epoch);
     ASSERT_TRUE(killed.exit_code == 128 + SIGKILL || killed.exit_code == 0) << killed.exit_code << "\n" << killed.output;
     finished += killed.exit_code == 0;
+    if (killed.exit_code == 0) duration = std::min(duration, killed.seconds);
 
     // What the kill left: a complete checkpoint or none, and nothing but the run's own files.
     // A file under the temporary's name (write_file_atomically's "<path>.tmp.<pid>.<n>") can only
@@ -227,21 +241,23 @@ TEST_F(TrainCrash, KilledAnywhereThenResumedEndsBitwiseEqual) {
     const int64_t announced = announced_epoch(killed.output);
     EXPECT_TRUE(saved == announced || saved == announced - 1) << "announced " << announced << ", saved " << saved;
     during_write += saved == announced - 1;
-    std::cout << "[crash] kill " << i << " at " << point.delay << " s"
+    std::cout << "[crash] kill " << i << " at " << delay << " s"
               << (point.after_epoch > 0 ? " after epoch " + std::to_string(point.after_epoch) + " was announced" : "")
               << ": " << (killed.exit_code == 0 ? "the run had ended" : "killed") << ", epoch " << announced
               << " announced, checkpoint " << (has_checkpoint ? "of epoch " + std::to_string(saved) : "none") << "\n";
 
     // Finish the run, and compare.
+    const Clock::time_point rest_start = Clock::now();
     const testing::CliResult rest = testing::run_program(
         MHA_CLI_PATH, has_checkpoint ? "train --resume --threads 1 --checkpoint-dir " + dir : train_command(dir));
     ASSERT_EQ(rest.exit_code, 0) << rest.output;
+    if (!has_checkpoint) duration = std::min(duration, seconds_since(rest_start));  // a whole run
     expect_same_checkpoint(checkpoint, reference_checkpoint);
     EXPECT_EQ(testing::list_directory(dir),
               (std::set<std::string>{"checkpoint.safetensors", "confusion_matrix.png", "training_curves.png"}));
     if (::testing::Test::HasFailure()) break;  // one failing kill point says it; the rest would repeat it
   }
-  std::cout << "[crash] " << points.size() << " kills (uninterrupted run " << duration << " s): " << no_checkpoint
+  std::cout << "[crash] " << points.size() << " kills (the fastest whole run " << duration << " s): " << no_checkpoint
             << " before the first checkpoint, " << during_write << " while a checkpoint was being written, "
             << finished << " after the run had ended, " << leftovers << " left a complete temporary; "
             << seconds_since(test_start) << " s in all\n";
