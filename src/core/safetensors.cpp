@@ -536,15 +536,20 @@ const typename Tensors::mapped_type& require_in(const Tensors& tensors, const st
   throw Error(what + ": no tensor named '" + name + "' (have: " + (names.empty() ? "none" : names) + ")");
 }
 
+// A File holding its own copy of each tensor's bytes.
+File owning_copy(const std::map<std::string, std::string>& metadata, const std::map<std::string, TensorRef>& tensors) {
+  File file;
+  file.metadata = metadata;
+  for (const auto& [name, tensor] : tensors)
+    file.tensors.emplace(name, TensorData{tensor.dtype, tensor.shape, {tensor.bytes.begin(), tensor.bytes.end()}});
+  return file;
+}
+
 }  // namespace
 
 File parse(std::span<const std::byte> bytes) {
-  Index index = read_index(bytes);
-  File file;
-  file.metadata = std::move(index.metadata);
-  for (auto& [name, tensor] : index.tensors)
-    file.tensors.emplace(name, TensorData{tensor.dtype, std::move(tensor.shape), {tensor.bytes.begin(), tensor.bytes.end()}});
-  return file;
+  const Index index = read_index(bytes);
+  return owning_copy(index.metadata, index.tensors);
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
@@ -622,11 +627,7 @@ Tensor<T> MappedFile::to_tensor(const std::string& name) const {
 
 File load(const std::string& path) {
   const MappedFile mapped(path);
-  File file;
-  file.metadata = mapped.metadata();
-  for (const auto& [name, tensor] : mapped.tensors())
-    file.tensors.emplace(name, TensorData{tensor.dtype, tensor.shape, {tensor.bytes.begin(), tensor.bytes.end()}});
-  return file;
+  return owning_copy(mapped.metadata(), mapped.tensors());
 }
 
 namespace {

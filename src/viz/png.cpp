@@ -41,7 +41,7 @@ void encode(std::FILE* file, const Image& image, const std::string& path) {
   const int write_error = std::ferror(file) ? errno : 0;
   const std::string message = png.message;  // copied before png_image_free clears the struct
   png_image_free(&png);
-  if (write_error != 0) throw Error(detail::concat("write_png: cannot write '", path, "': ", std::strerror(write_error)));
+  check(write_error == 0, "write_png: cannot write '", path, "': ", std::strerror(write_error));
   check(ok != 0, "write_png: cannot write '", path, "': libpng: ", message);
 }
 
