@@ -42,4 +42,33 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
                            const Tensor<T>& output, const Tensor<double>& logsumexp,
                            const Tensor<T>& grad_output, const Options<T>& options = {});
 
+// The same two calls on memory the caller owns (numpy arrays, torch tensors, slices of a bigger
+// buffer), writing into outputs the caller allocated; the Tensor versions above allocate and
+// call these. Inputs and outputs are views of the shapes above with any strides whose last
+// dimension is contiguous (stride 1), so (B, L, H, D) memory viewed as (B, H, L, D) is read and
+// written in place; logsumexp may have any strides. Every output is overwritten; no two of its
+// elements may share memory, and no output may overlap an input or another output.
+template <class T>
+struct ForwardOutputs {
+  View<T> output;          // (B, Hq, L, Dv)
+  View<double> logsumexp;  // (B, Hq, L)
+  View<T> weights;         // (B, Hq, L, S): given exactly when options.need_weights
+};
+
+template <class T>
+struct GradientOutputs {
+  View<T> grad_query;  // (B, Hq, L, Dqk)
+  View<T> grad_key;    // (B, Hkv, S, Dqk)
+  View<T> grad_value;  // (B, Hkv, S, Dv)
+};
+
+template <class T>
+void sdpa_forward_into(View<const T> query, View<const T> key, View<const T> value, const ForwardOutputs<T>& out,
+                       const Options<T>& options = {});
+
+template <class T>
+void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
+                        View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
+                        const Options<T>& options = {});
+
 }  // namespace mha::attention

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "mha/core/tensor.h"
+#include "mha/core/view.h"
 
 namespace mha::attention {
 
@@ -32,9 +32,10 @@ struct Options {
   // every dimension either 1 or the full size. The names carry the polarity:
   //   attend_mask   true = the query MAY attend to the key (SDPA's bool polarity);
   //   additive_mask added to the scaled scores (−inf blocks, as a float mask in PyTorch).
-  // Both may be given; they are combined. Non-owning: they must outlive the call.
-  const Tensor<bool>* attend_mask = nullptr;
-  const Tensor<T>* additive_mask = nullptr;
+  // Both may be given; they are combined. Views (any strides, 0 included: an expanded torch mask
+  // is read in place); the memory must outlive the call. A Tensor converts to one.
+  View<const bool> attend_mask;
+  View<const T> additive_mask;
   Causal causal = Causal::none;
   // Multiplies q·k; defaults to 1/sqrt(Dqk). Any finite value (negative included) is allowed.
   std::optional<double> scale;
