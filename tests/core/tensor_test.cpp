@@ -45,7 +45,7 @@ TEST(Tensor, ConstructionAndAccess) {
 // Storage: 64-byte aligned; from 4 MiB on, 2 MiB aligned (huge pages, tensor.h); a tensor of no
 // elements still has an address (it is defined).
 TEST(Tensor, StorageAlignment) {
-  const Tensor<float> small({3}), large({int64_t{1} << 20}), empty({0, 5});
+  const mha::Tensor<float> small({3}), large({int64_t{1} << 20}), empty({0, 5});
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % (uintptr_t{2} << 20), 0u);
   EXPECT_NE(empty.data(), nullptr);
