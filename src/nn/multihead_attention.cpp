@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 
 #include "mha/nn/linear.h"
 
@@ -304,11 +305,14 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   check(key.dim() == query.dim() && value.dim() == query.dim(), "key/value: expected ", query.dim(),
         "-D tensors like query ", to_string(query.shape()), ", got key ", to_string(key.shape()),
         " and value ", to_string(value.shape()));
-  auto to_internal = [&](const Tensor<T>& x) {
-    if (unbatched) return unsqueeze(x, 0);
-    return options_.batch_first ? x : permute(x, {1, 0, 2});
+  // The caller's tensor itself when it is batch-first already (no copy), else a batch-first copy.
+  std::optional<Tensor<T>> copies[3];
+  auto to_internal = [&](const Tensor<T>& x, int which) -> const Tensor<T>& {
+    if (!unbatched && options_.batch_first) return x;
+    copies[which] = unbatched ? unsqueeze(x, 0) : permute(x, {1, 0, 2});
+    return *copies[which];
   };
-  Tensor<T> q_in = to_internal(query), k_in = to_internal(key), v_in = to_internal(value);
+  const Tensor<T>&q_in = to_internal(query, 0), &k_in = to_internal(key, 1), &v_in = to_internal(value, 2);
   const int64_t n = q_in.size(0), len = q_in.size(1), src_len = k_in.size(1);
   check(q_in.size(2) == e, "query: expected last dimension embed_dim = ", e, ", got shape ",
         to_string(query.shape()));
@@ -381,9 +385,10 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   }
 
   if (cache) {
-    c.query = std::move(q_in);
-    c.key = std::move(k_in);
-    c.value = std::move(v_in);
+    // Backward needs the inputs: the batch-first copies, or copies of the caller's tensors.
+    c.query = copies[0] ? std::move(*copies[0]) : q_in;
+    c.key = copies[1] ? std::move(*copies[1]) : k_in;
+    c.value = copies[2] ? std::move(*copies[2]) : v_in;
     c.q = std::move(q);
     c.k = std::move(k);
     c.v = std::move(v);
