@@ -1,0 +1,1 @@
+def _placeholder(): pass
