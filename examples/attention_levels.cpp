@@ -80,7 +80,7 @@ Attended attend(const Tensor<float>& q, const Tensor<float>& k, const Tensor<flo
                 const Tensor<bool>* may_attend, double dropout_p = 0, uint64_t dropout_seed = 0,
                 std::optional<double> scale = std::nullopt) {
   mha::attention::Options<float> options;
-  options.attend_mask = may_attend;
+  if (may_attend) options.attend_mask = *may_attend;
   options.dropout_p = dropout_p;
   options.dropout_seed = dropout_seed;
   options.scale = scale;

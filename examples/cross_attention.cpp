@@ -139,7 +139,7 @@ class MultiHeadAttention : public mha::nn::Module<float> {
   // The scale is sdpa's default, 1/sqrt(Dqk): the size of q·k, not of v and not of emd_size.
   static mha::attention::Options<float> options(const Tensor<bool>& may_attend) {
     mha::attention::Options<float> o;
-    o.attend_mask = &may_attend;
+    o.attend_mask = may_attend;
     o.need_weights = true;
     return o;
   }

@@ -117,7 +117,7 @@ struct PreNormResidualBlock : mha::nn::Module<T> {
 
   static mha::attention::Options<T> attention_options(const Tensor<bool>& attend) {
     mha::attention::Options<T> options;
-    options.attend_mask = &attend;
+    options.attend_mask = attend;
     options.scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));  // head_dim, not embed_dim
     return options;
   }

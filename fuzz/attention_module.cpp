@@ -376,8 +376,8 @@ void sdpa_case(FuzzInput& in) {
   const bool strict =
       logit_magnitude <= 1.0 && planted == 0 && !(options.scale && std::abs(*options.scale) > 1.0);
   const bool causal = options.causal != att::Causal::none;
-  options.attend_mask = attend ? &*attend : nullptr;
-  options.additive_mask = additive ? &*additive : nullptr;
+  if (attend) options.attend_mask = *attend;
+  if (additive) options.additive_mask = *additive;
 
   std::ostringstream context_stream;
   context_stream << "sdpa q " << describe(q.shape()) << " k " << describe(k.shape()) << " v "
@@ -419,7 +419,7 @@ void sdpa_case(FuzzInput& in) {
   if (additive) additive64 = mha::cast<double>(*additive);
   att::Options<double> options64;
   options64.attend_mask = options.attend_mask;
-  options64.additive_mask = additive64 ? &*additive64 : nullptr;
+  if (additive64) options64.additive_mask = *additive64;
   options64.causal = options.causal;
   options64.scale = options.scale;
   options64.dropout_p = options.dropout_p;

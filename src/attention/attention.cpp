@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "cpu_flash/cpu_flash.h"
 #include "problem.h"
@@ -14,18 +16,30 @@ namespace {
 using detail::BroadcastView;
 using detail::Masks;
 using detail::Problem;
+using detail::Rows;
 
-void check_rank4(const Shape& shape, const char* name, const char* layout) {
-  check(shape.size() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(shape));
+// A (B, H, N, D) operand: rank 4, rows contiguous.
+template <class T>
+Rows<T> rows_of(const View<T>& v, const char* name, const char* layout) {
+  check(v.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(v.shape()));
+  check(v.size(3) <= 1 || v.stride(3) == 1, name, ": expected a contiguous last dimension (stride 1), got shape ",
+        to_string(v.shape()), " with strides ", to_string(v.strides()));
+  return {v.data(), v.stride(0), v.stride(1), v.stride(2)};
+}
+
+// logsumexp (B, H, L): any strides.
+template <class T>
+Rows<T> lse_rows_of(const View<T>& v) {
+  return {v.data(), v.stride(0), v.stride(1), v.stride(2)};
 }
 
 // A mask of rank 1..4 whose dimensions, aligned on the right, are 1 or the full size.
 template <class M>
-BroadcastView<M> broadcast_view(const Tensor<M>* mask, const Problem& p, const char* name) {
+BroadcastView<M> broadcast_view(const View<const M>& mask, const Problem& p, const char* name) {
   BroadcastView<M> view;
-  if (!mask) return view;
+  if (!mask.defined()) return view;
   const Shape full{p.batch, p.query_heads, p.query_len, p.key_len};
-  const Shape& s = mask->shape();
+  const Shape& s = mask.shape();
   bool ok = !s.empty() && s.size() <= 4;
   for (size_t i = 0; ok && i < s.size(); ++i) {
     const int64_t want = full[4 - s.size() + i];
@@ -33,15 +47,10 @@ BroadcastView<M> broadcast_view(const Tensor<M>* mask, const Problem& p, const c
   }
   check(ok, name, ": expected a 1-D to 4-D shape broadcastable to (B, Hq, L, S) = ", to_string(full),
         ", got ", to_string(s));
-  // Strides of the mask as stored, 0 where it broadcasts.
+  // The mask's own strides, 0 where it broadcasts; a missing leading dimension broadcasts too.
   int64_t stride[4] = {0, 0, 0, 0};
-  int64_t running = 1;
-  for (size_t i = s.size(); i-- > 0;) {
-    const size_t axis = 4 - s.size() + i;
-    stride[axis] = s[i] == 1 ? 0 : running;
-    running *= s[i];
-  }
-  view.data = mask->data();
+  for (size_t i = 0; i < s.size(); ++i) stride[4 - s.size() + i] = s[i] == 1 ? 0 : mask.stride(static_cast<int64_t>(i));
+  view.data = mask.data();
   view.stride_b = stride[0];
   view.stride_h = stride[1];
   view.stride_i = stride[2];
@@ -50,12 +59,7 @@ BroadcastView<M> broadcast_view(const Tensor<M>* mask, const Problem& p, const c
 }
 
 template <class T>
-Problem make_problem(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                     const Options<T>& options) {
-  check_rank4(query.shape(), "query", "(B, Hq, L, Dqk)");
-  check_rank4(key.shape(), "key", "(B, Hkv, S, Dqk)");
-  check_rank4(value.shape(), "value", "(B, Hkv, S, Dv)");
-  const Shape &q = query.shape(), &k = key.shape(), &v = value.shape();
+Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Options<T>& options) {
   check(k[0] == q[0] && v[0] == q[0], "key/value: expected batch size ", q[0],
         " (from query ", to_string(q), "), got key ", to_string(k), " and value ", to_string(v));
   check(k[1] == v[1], "value: expected ", k[1], " heads (as key ", to_string(k), "), got ",
@@ -99,8 +103,8 @@ Problem make_problem(const Tensor<T>& query, const Tensor<T>& key, const Tensor<
 
 template <class T>
 Masks<T> make_masks(const Problem& p, const Options<T>& options) {
-  return {broadcast_view(options.attend_mask, p, "attend_mask"),
-          broadcast_view(options.additive_mask, p, "additive_mask")};
+  return {broadcast_view<bool>(options.attend_mask, p, "attend_mask"),
+          broadcast_view<T>(options.additive_mask, p, "additive_mask")};
 }
 
 // The backend that runs: `automatic` is cpu_flash for float and reference for double (the
@@ -118,26 +122,96 @@ Backend resolve_backend(Backend requested) {
 // checks above allow B·Hq past 64 bits when L is 0, as a product with a zero factor is 0).
 bool no_query_rows(const Problem& p) { return p.batch == 0 || p.query_heads == 0 || p.query_len == 0; }
 
-}  // namespace
+// An output: the expected shape, no element written twice, no overlap with what the call reads
+// (`inputs`) or with the outputs checked before it (`written`, which it joins).
+template <class T>
+void check_output(const View<T>& out, const Shape& shape, const char* name,
+                  const std::vector<std::pair<const char*, const char*>>& inputs,
+                  std::vector<std::pair<const char*, const char*>>& written) {
+  check_shape(out.shape(), shape, name);
+  check(elements_distinct(out), name, ": expected an output whose elements do not share memory, got strides ",
+        to_string(out.strides()), " for shape ", to_string(out.shape()));
+  const auto [first, last] = byte_range(out);
+  auto overlaps = [&, first = first, last = last](const std::pair<const char*, const char*>& r) {
+    return first && r.first && first < r.second && r.first < last;
+  };
+  for (const auto& r : inputs) check(!overlaps(r), name, ": the output overlaps an input of the call");
+  for (const auto& r : written) check(!overlaps(r), name, ": the output overlaps another output of the call");
+  written.push_back({first, last});
+}
 
 template <class T>
-ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                              const Options<T>& options) {
-  const Problem p = make_problem(query, key, value, options);
+void zero(const View<T>& v) {
+  if (v.numel() == 0) return;
+  if (v.contiguous()) {
+    std::fill_n(v.data(), v.numel(), T(0));
+    return;
+  }
+  // Rows of the last dimension (rank 3 or 4 here), each contiguous or strided.
+  const int64_t d = v.dim();
+  const int64_t rows = v.numel() / v.size(d - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t offset = 0, rest = r;
+    for (int64_t a = d - 2; a >= 0; --a) {
+      offset += (rest % v.size(a)) * v.stride(a);
+      rest /= v.size(a);
+    }
+    for (int64_t c = 0; c < v.size(d - 1); ++c) v.data()[offset + c * v.stride(d - 1)] = T(0);
+  }
+}
+
+template <class T>
+std::vector<std::pair<const char*, const char*>> input_ranges(std::initializer_list<View<const T>> views,
+                                                              const Options<T>& options) {
+  std::vector<std::pair<const char*, const char*>> out;
+  for (const auto& v : views) out.push_back(byte_range(v));
+  out.push_back(byte_range(options.attend_mask));
+  out.push_back(byte_range(options.additive_mask));
+  return out;
+}
+
+// The two calls, on views: `fresh` when the outputs are newly made tensors (zero already,
+// distinct from everything), so neither the checks nor the zeroing is needed.
+template <class T>
+void forward(View<const T> query, View<const T> key, View<const T> value, const ForwardOutputs<T>& out,
+             const Options<T>& options, bool fresh) {
+  detail::ForwardArgs<T> a;
+  a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
+  a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
+  a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
+  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
   const Masks<T> masks = make_masks(p, options);
   const Backend backend = resolve_backend<T>(options.backend);
-  if (no_query_rows(p)) {
-    ForwardResult<T> empty{Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim}),
-                           Tensor<double>({p.batch, p.query_heads, p.query_len}), std::nullopt};
-    if (options.need_weights) empty.weights = Tensor<T>({p.batch, p.query_heads, p.query_len, p.key_len});
-    return empty;
+  if (!fresh) {
+    const auto inputs = input_ranges<T>({query, key, value}, options);
+    std::vector<std::pair<const char*, const char*>> written;
+    check_output(out.output, {p.batch, p.query_heads, p.query_len, p.v_head_dim}, "output", inputs, written);
+    check_output(out.logsumexp, {p.batch, p.query_heads, p.query_len}, "logsumexp", inputs, written);
+    check(out.weights.defined() == options.need_weights, "weights: expected ",
+          options.need_weights ? "an output for the weights (options.need_weights is set)"
+                               : "none (options.need_weights is not set)",
+          ", got ", out.weights.defined() ? "one" : "none");
+    if (options.need_weights)
+      check_output(out.weights, {p.batch, p.query_heads, p.query_len, p.key_len}, "weights", inputs, written);
+    a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
+    if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
+    zero(out.output);
+    zero(out.logsumexp);
+    if (options.need_weights) zero(out.weights);
+  } else {
+    a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
+    if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
   }
+  a.logsumexp = lse_rows_of(out.logsumexp);
+  // No query rows (B, Hq or L is 0): the (empty) results are made; no backend multiplies sizes
+  // of which one is 0 and the others may be huge (the checks above allow B·Hq past 64 bits when
+  // L is 0, as a product with a zero factor is 0).
+  if (no_query_rows(p)) return;
   switch (backend) {
     case Backend::reference:
-      return detail::reference_forward(p, masks, query, key, value, options.need_weights);
+      return detail::reference_forward(p, masks, a);
     case Backend::cpu_flash:
-      if constexpr (std::is_same_v<T, float>)
-        return detail::cpu_flash_forward(p, masks, query, key, value, options.need_weights);
+      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_forward(p, masks, a);
       break;
     case Backend::automatic:
       break;
@@ -146,24 +220,46 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
 }
 
 template <class T>
-Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                           const Tensor<T>& output, const Tensor<double>& logsumexp,
-                           const Tensor<T>& grad_output, const Options<T>& options) {
-  const Problem p = make_problem(query, key, value, options);
+void backward(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
+              View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
+              const Options<T>& options, bool fresh) {
+  detail::BackwardArgs<T> a;
+  a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
+  a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
+  a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
+  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
   const Masks<T> masks = make_masks(p, options);
   const Shape out_shape{p.batch, p.query_heads, p.query_len, p.v_head_dim};
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
   check_shape(logsumexp.shape(), {p.batch, p.query_heads, p.query_len}, "logsumexp");
+  a.output = rows_of(output, "output", "(B, Hq, L, Dv)");
+  a.grad_output = rows_of(grad_output, "grad_output", "(B, Hq, L, Dv)");
+  a.logsumexp = lse_rows_of(logsumexp);
   const Backend backend = resolve_backend<T>(options.backend);
+  if (!fresh) {
+    auto inputs = input_ranges<T>({query, key, value, output, grad_output}, options);
+    inputs.push_back(byte_range(logsumexp));
+    std::vector<std::pair<const char*, const char*>> written;
+    check_output(grads.grad_query, query.shape(), "grad_query", inputs, written);
+    check_output(grads.grad_key, key.shape(), "grad_key", inputs, written);
+    check_output(grads.grad_value, value.shape(), "grad_value", inputs, written);
+  }
+  a.grad_query = rows_of(grads.grad_query, "grad_query", "(B, Hq, L, Dqk)");
+  a.grad_key = rows_of(grads.grad_key, "grad_key", "(B, Hkv, S, Dqk)");
+  a.grad_value = rows_of(grads.grad_value, "grad_value", "(B, Hkv, S, Dv)");
+  if (!fresh) {
+    zero(grads.grad_query);
+    zero(grads.grad_key);
+    zero(grads.grad_value);
+  }
   // No query rows: no gradient reaches anything.
-  if (no_query_rows(p)) return {Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  if (no_query_rows(p)) return;
   switch (backend) {
     case Backend::reference:
-      return detail::reference_backward(p, masks, query, key, value, output, logsumexp, grad_output);
+      return detail::reference_backward(p, masks, a);
     case Backend::cpu_flash:
-      if constexpr (std::is_same_v<T, float>)
-        return detail::cpu_flash_backward(p, masks, query, key, value, output, logsumexp, grad_output);
+      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_backward(p, masks, a);
       break;
     case Backend::automatic:
       break;
@@ -171,16 +267,65 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
   throw Error("sdpa_backward: options.backend: unknown backend");
 }
 
-template ForwardResult<float> sdpa_forward(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                           const Options<float>&);
-template ForwardResult<double> sdpa_forward(const Tensor<double>&, const Tensor<double>&,
-                                            const Tensor<double>&, const Options<double>&);
-template Gradients<float> sdpa_backward(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                        const Tensor<float>&, const Tensor<double>&, const Tensor<float>&,
-                                        const Options<float>&);
-template Gradients<double> sdpa_backward(const Tensor<double>&, const Tensor<double>&,
-                                         const Tensor<double>&, const Tensor<double>&,
-                                         const Tensor<double>&, const Tensor<double>&,
-                                         const Options<double>&);
+void check_rank4(const Shape& shape, const char* name, const char* layout) {
+  check(shape.size() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(shape));
+}
+
+}  // namespace
+
+template <class T>
+ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                              const Options<T>& options) {
+  // The shapes are checked before anything is allocated from them.
+  check_rank4(query.shape(), "query", "(B, Hq, L, Dqk)");
+  check_rank4(key.shape(), "key", "(B, Hkv, S, Dqk)");
+  check_rank4(value.shape(), "value", "(B, Hkv, S, Dv)");
+  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
+  ForwardResult<T> r{Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim}),
+                     Tensor<double>({p.batch, p.query_heads, p.query_len}), std::nullopt};
+  if (options.need_weights) r.weights = Tensor<T>({p.batch, p.query_heads, p.query_len, p.key_len});
+  forward<T>(query, key, value, {r.output, r.logsumexp, r.weights ? View<T>(*r.weights) : View<T>()}, options,
+             /*fresh=*/true);
+  return r;
+}
+
+template <class T>
+Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const Tensor<T>& output, const Tensor<double>& logsumexp,
+                           const Tensor<T>& grad_output, const Options<T>& options) {
+  check_rank4(query.shape(), "query", "(B, Hq, L, Dqk)");
+  check_rank4(key.shape(), "key", "(B, Hkv, S, Dqk)");
+  check_rank4(value.shape(), "value", "(B, Hkv, S, Dv)");
+  make_problem(query.shape(), key.shape(), value.shape(), options);
+  Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  backward<T>(query, key, value, output, logsumexp, grad_output, {g.grad_query, g.grad_key, g.grad_value}, options,
+              /*fresh=*/true);
+  return g;
+}
+
+template <class T>
+void sdpa_forward_into(View<const T> query, View<const T> key, View<const T> value, const ForwardOutputs<T>& out,
+                       const Options<T>& options) {
+  forward(query, key, value, out, options, /*fresh=*/false);
+}
+
+template <class T>
+void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
+                        View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
+                        const Options<T>& options) {
+  backward(query, key, value, output, logsumexp, grad_output, grads, options, /*fresh=*/false);
+}
+
+#define MHA_INSTANTIATE(T)                                                                                      \
+  template ForwardResult<T> sdpa_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Options<T>&); \
+  template Gradients<T> sdpa_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,    \
+                                      const Tensor<double>&, const Tensor<T>&, const Options<T>&);              \
+  template void sdpa_forward_into(View<const T>, View<const T>, View<const T>, const ForwardOutputs<T>&,        \
+                                  const Options<T>&);                                                         \
+  template void sdpa_backward_into(View<const T>, View<const T>, View<const T>, View<const T>, View<const double>, \
+                                   View<const T>, const GradientOutputs<T>&, const Options<T>&);
+MHA_INSTANTIATE(float)
+MHA_INSTANTIATE(double)
+#undef MHA_INSTANTIATE
 
 }  // namespace mha::attention

@@ -23,6 +23,18 @@ struct BroadcastView {
   }
 };
 
+// A (B, H, N, D) operand as the backends read or write it: rows of D contiguous elements at any
+// batch, head and row strides (sdpa_forward_into / sdpa_backward_into checked the view).
+// logsumexp (B, H, N) is one too, with D = 1.
+template <class T>
+struct Rows {
+  T* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_row = 0;
+
+  bool present() const { return data != nullptr; }
+  T* row(int64_t b, int64_t h, int64_t i) const { return data + b * stride_b + h * stride_h + i * stride_row; }
+};
+
 struct Problem {
   int64_t batch = 0, query_heads = 0, kv_heads = 0;
   int64_t query_len = 0, key_len = 0, qk_head_dim = 0, v_head_dim = 0;
@@ -63,6 +75,24 @@ struct Masks {
       scores[j] = v;
     }
   }
+};
+
+// What a backend's forward reads and writes. The outputs are zero when the backend starts;
+// weights is absent unless the call asked for them.
+template <class T>
+struct ForwardArgs {
+  Rows<const T> query, key, value;
+  Rows<T> output;
+  Rows<double> logsumexp;
+  Rows<T> weights;
+};
+
+// What a backend's backward reads and writes; the gradients are zero when the backend starts.
+template <class T>
+struct BackwardArgs {
+  Rows<const T> query, key, value, output, grad_output;
+  Rows<const double> logsumexp;
+  Rows<T> grad_query, grad_key, grad_value;
 };
 
 }  // namespace mha::attention::detail

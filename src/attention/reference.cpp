@@ -9,12 +9,6 @@
 namespace mha::attention::detail {
 namespace {
 
-// Pointers to row `row` of a (B, H, N, D) tensor for batch b, head h.
-template <class T>
-T* head_row(T* base, int64_t heads, int64_t rows, int64_t dim, int64_t b, int64_t h, int64_t row) {
-  return base + ((b * heads + h) * rows + row) * dim;
-}
-
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
   T s = 0;
@@ -24,14 +18,13 @@ T dot(const T* a, const T* b, int64_t n) {
 
 // Scores of query row i against every key: scale·q_i·k_j + mask (−inf where blocked).
 template <class T>
-void score_row(const Problem& p, const Masks<T>& masks, const T* q, const T* k_head, int64_t b,
-               int64_t h, int64_t i, T* scores) {
+void score_row(const Problem& p, const Masks<T>& masks, const T* q, const Rows<const T>& key, int64_t b,
+               int64_t kvh, int64_t h, int64_t i, T* scores) {
   masks.fill_row(p, b, h, i, scores);
   const T scale = static_cast<T>(p.scale);
   // The product is added even where the mask holds −inf, as PyTorch adds the mask to the full
   // score matrix: a NaN in a key propagates the same way it does there.
-  for (int64_t j = 0; j < p.key_len; ++j)
-    scores[j] += scale * dot(q, k_head + j * p.qk_head_dim, p.qk_head_dim);
+  for (int64_t j = 0; j < p.key_len; ++j) scores[j] += scale * dot(q, key.row(b, kvh, j), p.qk_head_dim);
 }
 
 // Turns the scores of one row into probabilities in place and returns log Σ exp(scores) (in
@@ -71,52 +64,39 @@ inline double dropout_factor(const Problem& p, int64_t bh, int64_t i, int64_t j)
 }  // namespace
 
 template <class T>
-ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
-                                   const Tensor<T>& key, const Tensor<T>& value, bool need_weights) {
-  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
-  const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
-  ForwardResult<T> r{Tensor<T>({B, Hq, L, Dv}), Tensor<double>({B, Hq, L}), std::nullopt};
-  if (need_weights) r.weights = Tensor<T>({B, Hq, L, S});
-  // No query rows, nothing to compute (and S may be any size when there are none). Tested factor
-  // by factor: B·Hq can overflow when L is 0.
-  if (B == 0 || Hq == 0 || L == 0) return r;
+void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArgs<T>& a) {
+  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv); the outputs start at 0
+  const int64_t B = p.batch, Hq = p.query_heads, L = p.query_len, S = p.key_len, Dv = p.v_head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> scores(static_cast<size_t>(S));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t kvh = h / p.group_size();  // GQA: query head h reads key/value head kvh
-      const T* k_head = head_row(key.data(), Hkv, S, Dqk, b, kvh, 0);
-      const T* v_head = head_row(value.data(), Hkv, S, Dv, b, kvh, 0);
       for (int64_t i = 0; i < L; ++i) {
-        const T* q = head_row(query.data(), Hq, L, Dqk, b, h, i);
-        T* out = head_row(r.output.data(), Hq, L, Dv, b, h, i);
-        T* weights = need_weights ? head_row(r.weights->data(), Hq, L, S, b, h, i) : nullptr;
-        double& lse = r.logsumexp[(b * Hq + h) * L + i];
+        const T* q = a.query.row(b, h, i);
+        T* out = a.output.row(b, h, i);
+        T* weights = a.weights.present() ? a.weights.row(b, h, i) : nullptr;
+        double& lse = *a.logsumexp.row(b, h, i);
 
         // Pass 1: scores; pass 2: softmax (a row that may attend to nothing stays 0).
-        score_row(p, masks, q, k_head, b, h, i, scores.data());
+        score_row(p, masks, q, a.key, b, kvh, h, i, scores.data());
         lse = softmax_row(scores.data(), S);
         if (lse == neg_inf) continue;
         // Pass 3: dropout on the probabilities, then the weighted sum of values.
         for (int64_t j = 0; j < S; ++j) {
           const T prob = scores[j] * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           if (weights) weights[j] = prob;
-          const T* v = v_head + j * Dv;
+          const T* v = a.value.row(b, kvh, j);
           for (int64_t d = 0; d < Dv; ++d) out[d] += prob * v[d];
         }
       }
     }
   }
-  return r;
 }
 
 template <class T>
-Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
-                                const Tensor<T>& key, const Tensor<T>& value,
-                                const Tensor<T>& /*output: see below*/, const Tensor<double>& /*logsumexp: see below*/,
-                                const Tensor<T>& grad_output) {
+void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardArgs<T>& a) {
   // With P = softmax(scores), Pd = dropout(P), O = Pd·V and upstream dO:
   //   dV_j  += Σ_i Pd_ij dO_i
   //   dPd_ij = dO_i · v_j,   dP_ij = dPd_ij · (dropout factor of ij)
@@ -128,27 +108,22 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
   // (as PyTorch's softmax backward does) rather than from the stored output: then Σ_j dS_ij
   // cancels to rounding, where dO·O carries the forward's rounding into every dS_ij and so into
   // gradients that are exactly zero in exact arithmetic (e.g. a key bias, which softmax ignores).
-  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
+  // So neither the stored output nor logsumexp is read. The gradients start at 0.
+  const int64_t B = p.batch, Hq = p.query_heads, L = p.query_len, S = p.key_len;
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
-  Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
-  if (B == 0 || Hq == 0 || L == 0) return g;  // no query rows: every gradient is 0 (S may be any size)
   std::vector<T> prob(static_cast<size_t>(S)), dprob(static_cast<size_t>(S));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t kvh = h / p.group_size();
-      const T* k_head = head_row(key.data(), Hkv, S, Dqk, b, kvh, 0);
-      const T* v_head = head_row(value.data(), Hkv, S, Dv, b, kvh, 0);
-      T* dk_head = head_row(g.grad_key.data(), Hkv, S, Dqk, b, kvh, 0);
-      T* dv_head = head_row(g.grad_value.data(), Hkv, S, Dv, b, kvh, 0);
       for (int64_t i = 0; i < L; ++i) {
-        const T* q = head_row(query.data(), Hq, L, Dqk, b, h, i);
-        const T* dout = head_row(grad_output.data(), Hq, L, Dv, b, h, i);
-        T* dq = head_row(g.grad_query.data(), Hq, L, Dqk, b, h, i);
+        const T* q = a.query.row(b, h, i);
+        const T* dout = a.grad_output.row(b, h, i);
+        T* dq = a.grad_query.row(b, h, i);
 
-        score_row(p, masks, q, k_head, b, h, i, prob.data());
+        score_row(p, masks, q, a.key, b, kvh, h, i, prob.data());
         if (softmax_row(prob.data(), S) == neg_inf) continue;  // masked row: every gradient term is 0
         // dP_ij and D_i; then dV, dS, dQ, dK. Every key takes part, as in PyTorch's matrix
         // products: a key with P = 0 (masked or underflowed) adds exactly 0 while its key, value
@@ -157,16 +132,16 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
         // sum's rounding in D_i would reach every dS_ij of the row.
         double row_dot = 0;
         for (int64_t j = 0; j < S; ++j) {
-          dprob[j] = dot(dout, v_head + j * Dv, Dv) * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
+          dprob[j] = dot(dout, a.value.row(b, kvh, j), Dv) * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           row_dot += prob[j] * dprob[j];
         }
         for (int64_t j = 0; j < S; ++j) {
           const T factor = static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
-          T* dv = dv_head + j * Dv;
+          T* dv = a.grad_value.row(b, kvh, j);
           for (int64_t d = 0; d < Dv; ++d) dv[d] += prob[j] * factor * dout[d];
           const T dscore = static_cast<T>(prob[j] * (dprob[j] - row_dot));
-          const T* k = k_head + j * Dqk;
-          T* dk = dk_head + j * Dqk;
+          const T* k = a.key.row(b, kvh, j);
+          T* dk = a.grad_key.row(b, kvh, j);
           for (int64_t d = 0; d < Dqk; ++d) {
             dq[d] += scale * dscore * k[d];
             dk[d] += scale * dscore * q[d];
@@ -175,19 +150,11 @@ Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const T
       }
     }
   }
-  return g;
 }
 
-template ForwardResult<float> reference_forward(const Problem&, const Masks<float>&, const Tensor<float>&,
-                                                const Tensor<float>&, const Tensor<float>&, bool);
-template ForwardResult<double> reference_forward(const Problem&, const Masks<double>&, const Tensor<double>&,
-                                                 const Tensor<double>&, const Tensor<double>&, bool);
-template Gradients<float> reference_backward(const Problem&, const Masks<float>&, const Tensor<float>&,
-                                             const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                             const Tensor<double>&, const Tensor<float>&);
-template Gradients<double> reference_backward(const Problem&, const Masks<double>&, const Tensor<double>&,
-                                              const Tensor<double>&, const Tensor<double>&,
-                                              const Tensor<double>&, const Tensor<double>&,
-                                              const Tensor<double>&);
+template void reference_forward(const Problem&, const Masks<float>&, const ForwardArgs<float>&);
+template void reference_forward(const Problem&, const Masks<double>&, const ForwardArgs<double>&);
+template void reference_backward(const Problem&, const Masks<float>&, const BackwardArgs<float>&);
+template void reference_backward(const Problem&, const Masks<double>&, const BackwardArgs<double>&);
 
 }  // namespace mha::attention::detail

@@ -8,12 +8,9 @@
 namespace mha::attention::detail {
 
 template <class T>
-ForwardResult<T> reference_forward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
-                                   const Tensor<T>& key, const Tensor<T>& value, bool need_weights);
+void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArgs<T>& a);
 
 template <class T>
-Gradients<T> reference_backward(const Problem& p, const Masks<T>& masks, const Tensor<T>& query,
-                                const Tensor<T>& key, const Tensor<T>& value, const Tensor<T>& output,
-                                const Tensor<double>& logsumexp, const Tensor<T>& grad_output);
+void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardArgs<T>& a);
 
 }  // namespace mha::attention::detail

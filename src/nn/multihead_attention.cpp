@@ -177,8 +177,8 @@ CoreMasks<T> canonical_masks(const MultiheadAttentionArgs<T>& args, const Multih
 template <class T>
 attention::Options<T> core_options(const MultiheadAttentionCache<T>& c, attention::Backend backend) {
   attention::Options<T> opt;
-  opt.attend_mask = c.attend_mask ? &*c.attend_mask : nullptr;
-  opt.additive_mask = c.additive_mask ? &*c.additive_mask : nullptr;
+  if (c.attend_mask) opt.attend_mask = *c.attend_mask;
+  if (c.additive_mask) opt.additive_mask = *c.additive_mask;
   opt.causal = c.causal;
   opt.dropout_p = c.dropout_p;
   opt.dropout_seed = c.dropout_seed;

@@ -119,8 +119,8 @@ Results<T> run(const Case& c, const Inputs& in, Backend backend) {
   std::optional<Tensor<T>> additive;
   if (in.additive) additive = mha::cast<T>(*in.additive);
   Options<T> opt;
-  opt.attend_mask = in.attend ? &*in.attend : nullptr;
-  opt.additive_mask = additive ? &*additive : nullptr;
+  if (in.attend) opt.attend_mask = *in.attend;
+  if (additive) opt.additive_mask = *additive;
   opt.causal = c.causal;
   opt.scale = c.scale;
   opt.dropout_p = c.dropout;
@@ -340,7 +340,7 @@ TEST(CpuFlash, HugeFiniteMaskFillKeepsExactGradients) {
   for (int64_t i = 0; i < k.numel(); ++i) k[i] = 0.1f * static_cast<float>(i);
   Tensor<float> additive({1, S}, -1e9f), dout({1, 1, 1, 1}, {1.0f});
   Options<float> opt;
-  opt.additive_mask = &additive;
+  opt.additive_mask = additive;
   opt.backend = Backend::cpu_flash;
   auto r = sdpa_forward(q, k, v, opt);
   EXPECT_NEAR(r.output[0], 2.5f, 1e-6f);

@@ -94,7 +94,7 @@ TEST(AttentionNumerics, FillsThatSwallowTheScoresGiveUniformAttention) {
       SCOPED_TRACE("fill " + std::to_string(static_cast<double>(fill)));
       const Tensor<T> additive({1, S}, fill);
       Options<T> options;
-      options.additive_mask = &additive;
+      options.additive_mask = additive;
       options.need_weights = true;
       const Result<T> r = run(q, k, v, dout, options, backend);
       expect_values(r.fwd.output, {1, 1, 1, 1}, {2.5}, 1e-6, "output");
@@ -143,7 +143,7 @@ TEST(AttentionNumerics, InfScoreMakesItsRowNaNWeightsIncluded) {
     Tensor<T> additive({2, 3}, T(0));
     additive[1] = std::numeric_limits<T>::infinity();  // query 0, key 1
     Options<T> options;
-    options.additive_mask = &additive;
+    options.additive_mask = additive;
     options.need_weights = true;
     const Result<T> r = run(q, k, v, dout, options, backend);
     EXPECT_EQ(nan_pattern(*r.fwd.weights), "nnnfff");
@@ -164,7 +164,7 @@ TEST(AttentionNumerics, InfInAMaskedValuePropagatesAsInPyTorch) {
     const Tensor<T> v({1, 1, 3, 2}, {1, 2, inf, 4, 5, 6}), dout({1, 1, 2, 2}, T(1));
     const Tensor<bool> attend({3}, {true, false, true});
     Options<T> options;
-    options.attend_mask = &attend;
+    options.attend_mask = attend;
     const Result<T> r = run(q, k, v, dout, options, backend);
     EXPECT_EQ(nan_pattern(r.fwd.output), "nfnf");
     EXPECT_NEAR(static_cast<double>(r.fwd.output[1]), 3.8588138755706685, tol * 4);
@@ -216,8 +216,8 @@ TEST(AttentionNumerics, EveryKeyMaskedGivesZerosNotNaN) {
       SCOPED_TRACE(way == 0 ? "attend_mask all false" : "additive_mask all -inf");
       Options<T> options;
       options.need_weights = true;
-      if (way == 0) options.attend_mask = &nothing;
-      if (way == 1) options.additive_mask = &minus_inf;
+      if (way == 0) options.attend_mask = nothing;
+      if (way == 1) options.additive_mask = minus_inf;
       const Result<T> r = run(q, k, v, dout, options, backend);
       for (T x : r.fwd.output.values()) EXPECT_EQ(x, T(0));
       for (double x : r.fwd.logsumexp.values()) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
@@ -240,7 +240,7 @@ TEST(AttentionNumerics, FullyMaskedRowIgnoresInfInItsGradOutput) {
     Tensor<bool> attend({2, 3}, true);
     for (int64_t j = 0; j < 3; ++j) attend[j] = false;  // query row 0 sees nothing
     Options<T> options;
-    options.attend_mask = &attend;
+    options.attend_mask = attend;
     const Result<T> r = run(q, k, v, dout, options, backend);
     EXPECT_EQ(r.fwd.output[0], T(0));
     // Row 1 attends uniformly (equal scores): dv_j = 1/3; dS = P(dP − D) = 0 as every v_j is 1.

@@ -32,10 +32,10 @@ st::File run_case(const st::File& inputs) {
   if (auto it = inputs.tensors.find("attn_mask"); it != inputs.tensors.end()) {
     if (it->second.dtype == st::DType::BOOL) {
       attend = st::to_tensor<bool>(it->second, "attn_mask");
-      opt.attend_mask = &*attend;
+      opt.attend_mask = *attend;
     } else {
       additive = st::to_tensor<T>(it->second, "attn_mask");
-      opt.additive_mask = &*additive;
+      opt.additive_mask = *additive;
     }
   }
   auto fwd = sdpa_forward(q, k, v, opt);

@@ -51,8 +51,8 @@ void check_gradients(const Case& c, uint64_t seed) {
   for (auto& x : additive.values()) x = gen.uniform() < 0.15 ? -kInf : gen.normal(0.0, 0.5);
 
   Options<double> opt;
-  if (c.bool_mask) opt.attend_mask = &attend;
-  if (c.float_mask) opt.additive_mask = &additive;
+  if (c.bool_mask) opt.attend_mask = attend;
+  if (c.float_mask) opt.additive_mask = additive;
   opt.causal = c.causal;
   opt.dropout_p = c.dropout;
   opt.dropout_seed = seed * 7 + 1;
@@ -119,7 +119,7 @@ TEST(SdpaReference, FullyMaskedRowsGiveZeroOutputAndZeroGradient) {
   Tensor<bool> attend({3, 5}, true);
   for (int j = 0; j < 5; ++j) attend[1 * 5 + j] = false;  // query row 1 sees nothing
   Options<double> opt;
-  opt.attend_mask = &attend;
+  opt.attend_mask = attend;
   opt.need_weights = true;
   auto r = sdpa_forward(q, k, v, opt);
   auto g = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
@@ -135,7 +135,7 @@ TEST(SdpaReference, FullyMaskedRowsGiveZeroOutputAndZeroGradient) {
   Tensor<double> additive({3, 5}, 0.0);
   for (int j = 0; j < 5; ++j) additive[1 * 5 + j] = -kInf;
   Options<double> opt2;
-  opt2.additive_mask = &additive;
+  opt2.additive_mask = additive;
   auto r2 = sdpa_forward(q, k, v, opt2);
   EXPECT_EQ(max_abs_diff(r.output, r2.output), 0.0);
 }
@@ -151,7 +151,7 @@ void check_huge_fill(T fill) {
   for (int64_t i = 0; i < k.numel(); ++i) k[i] = T(0.1) * static_cast<T>(i);
   Tensor<T> additive({1, S}, fill), dout({1, 1, 1, 1}, {T(1)});
   Options<T> opt;
-  opt.additive_mask = &additive;
+  opt.additive_mask = additive;
   auto r = sdpa_forward(q, k, v, opt);
   EXPECT_NEAR(r.output[0], T(2.5), T(1e-6));
   auto g = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
@@ -221,7 +221,7 @@ TEST(SdpaReference, CausalAlignmentsEqualExplicitMasks) {
         for (int64_t j = 0; j < S; ++j) tril[i * S + j] = j - i <= diagonal;
       Options<double> implicit, explicit_mask;
       implicit.causal = causal;
-      explicit_mask.attend_mask = &tril;
+      explicit_mask.attend_mask = tril;
       EXPECT_EQ(max_abs_diff(sdpa_forward(q, k, v, implicit).output, sdpa_forward(q, k, v, explicit_mask).output), 0.0)
           << "L=" << L << " S=" << S << " causal " << static_cast<int>(causal);
     }
@@ -236,8 +236,8 @@ TEST(SdpaReference, OneDimensionalMaskBroadcastsOverEverything) {
   Tensor<bool> keys({5}, {true, false, true, true, false}), full({2, 2, 3, 5});
   for (int64_t i = 0; i < full.numel(); ++i) full[i] = keys[i % 5];
   Options<double> one_d, four_d;
-  one_d.attend_mask = &keys;
-  four_d.attend_mask = &full;
+  one_d.attend_mask = keys;
+  four_d.attend_mask = full;
   EXPECT_EQ(max_abs_diff(sdpa_forward(q, k, v, one_d).output, sdpa_forward(q, k, v, four_d).output), 0.0);
 }
 
@@ -283,7 +283,7 @@ TEST(SdpaReference, BadInputGivesClearErrors) {
   expect_error([&] { sdpa_forward(q, k, Tensor<double>({1, 2, 4, 6})); }, "value: expected sequence length 5");
   Tensor<bool> bad_mask({3, 4});
   Options<double> opt;
-  opt.attend_mask = &bad_mask;
+  opt.attend_mask = bad_mask;
   expect_error([&] { sdpa_forward(q, k, v, opt); }, "attend_mask: expected a 1-D to 4-D shape broadcastable");
   Options<double> drop;
   drop.dropout_p = 1.5;

@@ -45,13 +45,13 @@ using namespace cpu_flash;
 
 namespace {
 
-// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols row-major.
-void transpose(const float* src, size_t rows, size_t cols, float* dst, size_t ld) {
+// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld).
+void transpose(const float* src, size_t src_ld, size_t rows, size_t cols, float* dst, size_t ld) {
   constexpr size_t kBlock = 32;  // cache-sized squares
   for (size_t r0 = 0; r0 < rows; r0 += kBlock)
     for (size_t c0 = 0; c0 < cols; c0 += kBlock)
       for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
-        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = src[r * cols + c];
+        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = src[r * src_ld + c];
 }
 
 // At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
@@ -75,17 +75,14 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
 
 }  // namespace
 
-Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
-                                    const Tensor<float>& key, const Tensor<float>& value,
-                                    const Tensor<float>& /*output: D comes from P and dP, see above*/,
-                                    const Tensor<double>& logsumexp, const Tensor<float>& grad_output) {
+void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const BackwardArgs<float>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L)
+  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is not
+  // read (D comes from P and dP, see above); the gradients start at 0.
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const int64_t G = p.group_size();
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
-  Gradients<float> grads{Tensor<float>(query.shape()), Tensor<float>(key.shape()), Tensor<float>(value.shape())};
-  if (B * Hq * L == 0 || S == 0) return grads;
+  if (B * Hq * L == 0 || S == 0) return;
 
   const size_t W = panel_width();
   const size_t Br = kBackwardQueries, Bc = kBackwardKeys;
@@ -140,11 +137,12 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
         for (int64_t task = 0; task < tasks; ++task) {
           const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
           const int64_t b = kv / Hkv;
-          const float* k_seg = key.data() + (kv * S + s0) * p.qk_head_dim;
-          pack_transposed(k_seg, Dqk, seg_keys, Dqk, kt_packed.data());
-          pack_transposed(value.data() + (kv * S + s0) * p.v_head_dim, Dv, seg_keys, Dv, vt_packed.data());
+          const float* k_seg = a.key.row(b, kv % Hkv, s0);
+          const size_t k_ld = to_size(a.key.stride_row);
+          pack_transposed(k_seg, k_ld, seg_keys, Dqk, kt_packed.data());
+          pack_transposed(a.value.row(b, kv % Hkv, s0), to_size(a.value.stride_row), seg_keys, Dv, vt_packed.data());
           if (gradients) {
-            pack_rows(k_seg, Dqk, seg_keys, Dqk, k_packed.data());
+            pack_rows(k_seg, k_ld, seg_keys, Dqk, k_packed.data());
             std::fill(kvt.data(), kvt.data() + kvt_size, 0.0f);
           }
           const int64_t first_item = chunk * chunks.items_per_chunk;
@@ -154,16 +152,19 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             const int64_t h = (kv % Hkv) * G + item / query_blocks, bh = b * Hq + h;
             const int64_t i0 = (item % query_blocks) * static_cast<int64_t>(Br);
             const size_t rows = std::min<size_t>(Br, to_size(L - i0));
-            const size_t row0 = to_size(bh * L + i0);  // global row index of query i0
+            const size_t row0 = to_size(bh * L + i0);  // index of query i0 in the row totals
             // Keys of the segment these queries see: all, or up to the causal limit of the last one.
             const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
             const int64_t s_end = std::min(s0 + static_cast<int64_t>(seg_keys), keys_seen);
             if (s_end <= s0) continue;
             auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(s_end - j0)); };
-            const float* q_block = query.data() + row0 * Dqk;
-            const float* dout_block = grad_output.data() + row0 * Dv;
-            for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = scale * q_block[e];
-            for (size_t r = 0; r < rows; ++r) split_logsumexp(logsumexp[static_cast<int64_t>(row0 + r)], lse_hi[r], lse_lo[r]);
+            const float* q_block = a.query.row(b, h, i0);
+            const float* dout_block = a.grad_output.row(b, h, i0);
+            const size_t q_ld = to_size(a.query.stride_row), dout_ld = to_size(a.grad_output.stride_row);
+            auto lse_of = [&](size_t r) { return *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)); };
+            for (size_t r = 0; r < rows; ++r)
+              for (size_t e = 0; e < Dqk; ++e) q_scaled[r * Dqk + e] = scale * q_block[r * q_ld + e];
+            for (size_t r = 0; r < rows; ++r) split_logsumexp(lse_of(r), lse_hi[r], lse_lo[r]);
 
             // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are
             // those of the forward, (scale·Q)·Kᵀ with the same products in the same order. Tile
@@ -179,7 +180,7 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
               const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
               gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + c0 * Dqk, W, Dqk * W},
                    {probs.data() + c0, key_stride}, false);
-              gemm(rows, cols, Dv, {dout_block, Dv}, {vt_packed.data() + c0 * Dv, W, Dv * W},
+              gemm(rows, cols, Dv, {dout_block, dout_ld}, {vt_packed.data() + c0 * Dv, W, Dv * W},
                    {dprobs.data() + c0, key_stride}, false);
               ScoreTile t{probs.data() + c0, key_stride, rows, cols};
               if (masked) {
@@ -207,7 +208,7 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             bool renormalizing = false;
             for (size_t r = 0; r < rows; ++r) {
               const bool renormalize =
-                  logsumexp_needs_renormalizing(logsumexp[static_cast<int64_t>(row0 + r)]) && masses[r] > 0;
+                  logsumexp_needs_renormalizing(lse_of(r)) && masses[r] > 0;
               renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
               renormalizing = renormalizing || renormalize;
             }
@@ -216,8 +217,8 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
             // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
             // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
-            transpose(q_block, rows, Dqk, qt.data(), Br);
-            transpose(dout_block, rows, Dv, dot.data(), Br);
+            transpose(q_block, q_ld, rows, Dqk, qt.data(), Br);
+            transpose(dout_block, dout_ld, rows, Dv, dot.data(), Br);
             for (size_t r = 0; r < rows; ++r) {
               if (!fully_masked(r)) continue;
               for (size_t d = 0; d < Dqk; ++d) qt[d * Br + r] = 0.0f;
@@ -237,21 +238,22 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
             }
             // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
             // segments in order.
-            float* grad_q = grads.grad_query.data() + row0 * Dqk;
-            for (size_t r = 0; r < rows; ++r)
-              if (!fully_masked(r))
-                for (size_t d = 0; d < Dqk; ++d) grad_q[r * Dqk + d] += scale * dq[r * dqk_padded + d];
+            for (size_t r = 0; r < rows; ++r) {
+              if (fully_masked(r)) continue;
+              float* grad_q = a.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
+              for (size_t d = 0; d < Dqk; ++d) grad_q[d] += scale * dq[r * dqk_padded + d];
+            }
           }
           if (!gradients) continue;
 
           // The task's dKᵀ, dVᵀ over the segment: the whole gradient of its kv head's keys there
           // (dK = scale·dKᵀᵀ, dV = dVᵀᵀ), or one chunk's part of it.
           if (chunks.count == 1) {
-            float* dk = grads.grad_key.data() + (kv * S + s0) * p.qk_head_dim;
-            float* dv = grads.grad_value.data() + (kv * S + s0) * p.v_head_dim;
             for (size_t j = 0; j < seg_keys; ++j) {
-              for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] = scale * dkt[d * key_stride + j];
-              for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] = dvt[d * key_stride + j];
+              float* dk = a.grad_key.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
+              float* dv = a.grad_value.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
+              for (size_t d = 0; d < Dqk; ++d) dk[d] = scale * dkt[d * key_stride + j];
+              for (size_t d = 0; d < Dv; ++d) dv[d] = dvt[d * key_stride + j];
             }
           } else {
             std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
@@ -263,22 +265,23 @@ Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks,
         if (!gradients || chunks.count == 1) continue;
 #pragma omp for schedule(static)
         for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-          float* dk = grads.grad_key.data() + (kv * S + s0) * p.qk_head_dim;
-          float* dv = grads.grad_value.data() + (kv * S + s0) * p.v_head_dim;
+          auto dk_row = [&](size_t j) { return a.grad_key.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j)); };
+          auto dv_row = [&](size_t j) { return a.grad_value.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j)); };
           for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
             const float* dkt_part = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
             const float* dvt_part = dkt_part + Dqk * key_stride;
             for (size_t j = 0; j < seg_keys; ++j) {
-              for (size_t d = 0; d < Dqk; ++d) dk[j * Dqk + d] += dkt_part[d * key_stride + j];
-              for (size_t d = 0; d < Dv; ++d) dv[j * Dv + d] += dvt_part[d * key_stride + j];
+              float *dk = dk_row(j), *dv = dv_row(j);
+              for (size_t d = 0; d < Dqk; ++d) dk[d] += dkt_part[d * key_stride + j];
+              for (size_t d = 0; d < Dv; ++d) dv[d] += dvt_part[d * key_stride + j];
             }
           }
-          for (size_t e = 0; e < seg_keys * Dqk; ++e) dk[e] *= scale;
+          for (size_t j = 0; j < seg_keys; ++j)
+            for (size_t d = 0; d < Dqk; ++d) dk_row(j)[d] *= scale;
         }
       }
     }
   }
-  return grads;
 }
 
 }  // namespace mha::attention::detail

@@ -21,11 +21,8 @@
 
 namespace mha::attention::detail {
 
-ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
-                                       const Tensor<float>& key, const Tensor<float>& value, bool need_weights);
+void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float>& a);
 
-Gradients<float> cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
-                                    const Tensor<float>& key, const Tensor<float>& value, const Tensor<float>& output,
-                                    const Tensor<double>& logsumexp, const Tensor<float>& grad_output);
+void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const BackwardArgs<float>& a);
 
 }  // namespace mha::attention::detail

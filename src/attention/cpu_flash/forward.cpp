@@ -21,15 +21,13 @@ namespace mha::attention::detail {
 
 using namespace cpu_flash;
 
-ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Tensor<float>& query,
-                                       const Tensor<float>& key, const Tensor<float>& value, bool need_weights) {
+void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S)
+  // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S), rows at any strides
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
-  ForwardResult<float> result{Tensor<float>({B, Hq, L, p.v_head_dim}), Tensor<double>({B, Hq, L}), std::nullopt};
-  if (need_weights) result.weights = Tensor<float>({B, Hq, L, S});
-  if (B * Hq * L == 0) return result;
+  const bool need_weights = a.weights.present();
+  if (B * Hq * L == 0) return;
 
   const size_t W = panel_width();
   const size_t keys_padded = round_up(to_size(S), W);  // keys as columns of Kᵀ, whole panels
@@ -50,9 +48,9 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
   const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
   Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
   Buffer<float> shared_v(shared_packs ? v_size : 0, Buffer<float>::Uninitialized);
-  auto pack_kv_head = [&](int64_t kv, float* kt, float* v) {
-    pack_transposed(key.data() + kv * S * p.qk_head_dim, Dqk, to_size(S), Dqk, kt);
-    pack_rows(value.data() + kv * S * p.v_head_dim, Dv, to_size(S), Dv, v);
+  auto pack_kv_head = [&](int64_t kv, float* kt, float* v) {  // kv = b·Hkv + kv head
+    pack_transposed(a.key.row(kv / Hkv, kv % Hkv, 0), to_size(a.key.stride_row), to_size(S), Dqk, kt);
+    pack_rows(a.value.row(kv / Hkv, kv % Hkv, 0), to_size(a.value.stride_row), to_size(S), Dv, v);
   };
 #pragma omp parallel
   {
@@ -100,8 +98,11 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       std::fill(row_max.data(), row_max.data() + rows, neg_inf);
       std::fill(row_sum.data(), row_sum.data() + rows, 0.0);
       std::fill(out.data(), out.data() + rows * dv_padded, 0.0f);
-      const float* q_block = query.data() + (bh * L + i0) * p.qk_head_dim;
-      for (size_t e = 0; e < rows * Dqk; ++e) q_scaled[e] = static_cast<float>(p.scale) * q_block[e];
+      const int64_t b = bh / Hq, h = bh % Hq;
+      for (size_t r = 0; r < rows; ++r) {
+        const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
+        for (size_t e = 0; e < Dqk; ++e) q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
+      }
 
       // 2a. The online softmax over the key blocks; causality ends the walk at the last key
       // any row of this block can see (keys_seen), trimming the last block to it.
@@ -120,8 +121,8 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       // own term).
       for (size_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + static_cast<int64_t>(r);
-        float* o = result.output.data() + (bh * L + i) * p.v_head_dim;
-        double& lse = result.logsumexp[bh * L + i];
+        float* o = a.output.row(b, h, i);
+        double& lse = *a.logsumexp.row(b, h, i);
         if (row_sum[r] == 0.0) {
           lse = -std::numeric_limits<double>::infinity();
           continue;  // the output is already 0
@@ -137,7 +138,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       // (its m may be +inf, which is that mark), as split_logsumexp gives them.
       if (!need_weights) return;
       for (size_t r = 0; r < rows; ++r) {
-        const double lse = result.logsumexp[bh * L + i0 + static_cast<int64_t>(r)];
+        const double lse = *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r));
         if (std::isnan(lse) || row_sum[r] == 0.0) {
           split_logsumexp(lse, lse_hi[r], lse_lo[r]);
         } else {
@@ -150,7 +151,7 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
         const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
         probabilities_tile(t, lse_hi.data(), lse_lo.data(), nullptr, nullptr, nullptr);
         for (size_t r = 0; r < rows; ++r)
-          std::copy_n(scores.data() + r * Bc, cols, result.weights->data() + ((bh * L + i0 + static_cast<int64_t>(r)) * S + j0));
+          std::copy_n(scores.data() + r * Bc, cols, a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0);
       }
     };
 
@@ -168,7 +169,6 @@ ForwardResult<float> cpu_flash_forward(const Problem& p, const Masks<float>& mas
       }
     }
   }
-  return result;
 }
 
 }  // namespace mha::attention::detail
