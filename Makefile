@@ -1,7 +1,8 @@
 # Thin convenience wrapper around CMake/CTest; CMakeLists.txt is the build system.
 #   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
 #   make build  configure build/ (Release) if needed, then build
-#   make test   deps + build + ctest
+#   make test   deps + build + ctest, then test-python
+#   make test-python  pip-installs the Python package (python/) and runs its pytest suite
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
@@ -18,7 +19,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps build test test-sanitize fuzz demo bench clean
+.PHONY: all deps build test test-python test-sanitize fuzz demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -45,6 +46,16 @@ build:
 
 test: deps build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
+	$(MAKE) test-python
+
+# The Python package: built by scikit-build-core in build/py-<wheel tag>/ (incremental) and
+# installed into .venv/ without build isolation (install_python_deps.sh makes the environment
+# and installs the build tools, torch and pytest), then tested.
+PYTHON ?= .venv/bin/python
+test-python: deps
+	./scripts/install_python_deps.sh
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --no-build-isolation .
+	$(PYTHON) -m pytest python/tests -q
 
 # Configured every time (a few seconds), so a build-asan/ made some other way still gets the option.
 test-sanitize: deps
