@@ -171,8 +171,11 @@ def viewable(x):
 
 
 def _to_flat(layout, name, x):
+    x = viewable(x)
+    if x.shape == layout.flat(name):  # already (B, H, n, d): nothing to broadcast (the common case)
+        return x
     s = layout.padded[name]
-    x5 = viewable(x).reshape(s[:-2] + (1,) + s[-2:])
+    x5 = x.reshape(s[:-2] + (1,) + s[-2:])
     return np.broadcast_to(x5, layout.expanded(name)).reshape(layout.flat(name))
 
 
