@@ -20,6 +20,7 @@ everything is checked again by mha itself.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
@@ -77,6 +78,9 @@ def _shape(shape):
 
 def broadcast_shapes(*named, what):
     """numpy's broadcasting of the named shapes, aligned on the right; an error names them all."""
+    first = named[0][1]
+    if all(s == first for _, s in named):  # the common case, in a fraction of the time
+        return tuple(first)
     rank = max(len(s) for _, s in named)
     out = []
     for i in range(rank):
@@ -136,6 +140,7 @@ class Layout:
         self.lead = self.batch + (heads,) if self.rank >= 3 else ()
         self.query_len, self.key_len, self.value_dim = q[-2], k[-2], v[-1]
         self.batch_size = math.prod(self.batch)
+        self.flat_shapes = {name: (self.batch_size, s[-3] * self.repeats[name]) + s[-2:] for name, s in padded.items()}
 
     def output_shape(self):
         return self.lead + (self.query_len, self.value_dim)
@@ -153,8 +158,13 @@ class Layout:
 
     def flat(self, name):
         """Its 4-D shape (B, h * r, n, d) for mha."""
-        s = self.padded[name]
-        return (self.batch_size, s[-3] * self.repeats[name]) + s[-2:]
+        return self.flat_shapes[name]
+
+
+# Layouts of concrete shapes, reused: most programs call attention with a handful of shapes, and
+# working one out costs more than the rest of the Python side of a small call. (The fake kernels
+# of mha.torch build Layout directly: symbolic sizes are not hashable.)
+layout_of = functools.lru_cache(maxsize=256)(Layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +272,7 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     """(output, logsumexp) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L) float64."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    layout = Layout(query.shape, key.shape, value.shape, enable_gqa)
+    layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     attend, additive = _masks(layout, attn_mask)
     output = np.empty(layout.output_shape(), dtype=query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), dtype=np.float64)
@@ -289,7 +299,7 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     the forward's; None for both recomputes them."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    layout = Layout(query.shape, key.shape, value.shape, enable_gqa)
+    layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     if (output is None) != (logsumexp is None):
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")
