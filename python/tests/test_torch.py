@@ -325,3 +325,13 @@ def test_errors_are_runtime_errors_like_pytorch():
         assert message in str(info.value)
         with pytest.raises(RuntimeError):  # PyTorch refuses the same inputs
             F.scaled_dot_product_attention(**arguments)
+
+
+@pytest.mark.parametrize("query_shape, key_shape", [((2, 3, 0, 4), (2, 3, 5, 4)), ((2, 3, 4, 4), (2, 3, 0, 4)),
+                                                    ((0, 3, 4, 4), (0, 3, 5, 4))])
+def test_empty_sequences_and_batches(query_shape, key_shape):
+    q, k, v = (make(*s, seed=i).requires_grad_() for i, s in enumerate((query_shape, key_shape, key_shape)))
+    out = mha.torch.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))  # no key: zeros, as PyTorch
+    out.sum().backward()
+    assert q.grad.shape == q.shape and (k.grad == 0).all() and (v.grad == 0).all()
