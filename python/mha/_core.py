@@ -152,7 +152,7 @@ class Layout:
         return self.lead + (self.query_len, self.key_len)
 
     def expanded(self, name):
-        """The 5-D shape (*batch, h, r, n, d) the named input is broadcast to."""
+        """The shape (*batch, h, r, n, d) the named input is broadcast to."""
         s = self.padded[name]
         return self.batch + (s[-3], self.repeats[name]) + s[-2:]
 
