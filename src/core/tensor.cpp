@@ -1,10 +1,34 @@
 #include "mha/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <sstream>
 
 namespace mha {
+
+namespace detail {
+
+void* allocate_storage(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20, kLarge = size_t{4} << 20;
+  const size_t alignment = bytes >= kLarge ? kHugePage : 64;
+  // aligned_alloc wants a multiple of the alignment; at least one block, so that a tensor of no
+  // elements still has an address.
+  const size_t rounded = (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+  if (rounded < bytes) throw std::bad_alloc();  // wrapped
+  void* p = std::aligned_alloc(alignment, rounded);
+  if (!p) throw std::bad_alloc();
+  // Advice only: a kernel without THP refuses it and the memory works the same.
+  if (alignment == kHugePage) (void)madvise(p, rounded, MADV_HUGEPAGE);
+  return p;
+}
+
+void FreeStorage::operator()(void* p) const { std::free(p); }
+
+}  // namespace detail
 
 std::string to_string(const Shape& shape) {
   std::ostringstream out;

@@ -1,6 +1,6 @@
 // The module follows torch.nn.functional.multi_head_attention_forward step by step:
 // layout → masks → input projections → add_bias_kv → split heads → add_zero_attn → attention
-// → merge heads → out_proj. backward walks the same steps in reverse. All of PyTorch's mask
+// → merge heads → out_proj (splitting and merging heads are views, not copies). backward walks the same steps in reverse. All of PyTorch's mask
 // handling, spread over that function, is gathered in canonical_masks, which forward calls once.
 #include "mha/nn/multihead_attention.h"
 
@@ -15,16 +15,19 @@ namespace {
 
 using attention::Causal;
 
-// (N, L, H·hd) → (N, H, L, hd) and back.
+// (N, L, H·hd) memory seen as (N, H, L, hd): the heads split without a copy, as the attention
+// core reads and writes them in place.
 template <class T>
-Tensor<T> split_heads(const Tensor<T>& x, int64_t heads) {
-  const int64_t n = x.size(0), len = x.size(1), e = x.size(2);
-  return permute(x.reshape({n, len, heads, e / heads}), {0, 2, 1, 3});
+View<T> heads_view(T* data, int64_t n, int64_t len, int64_t heads, int64_t head_dim) {
+  return View<T>(data, {n, heads, len, head_dim}, {len * heads * head_dim, head_dim, heads * head_dim, 1});
 }
 template <class T>
-Tensor<T> merge_heads(const Tensor<T>& x) {
-  const int64_t n = x.size(0), heads = x.size(1), len = x.size(2), hd = x.size(3);
-  return permute(x, {0, 2, 1, 3}).reshape({n, len, heads * hd});
+View<const T> heads_view(const Tensor<T>& x, int64_t heads) {
+  return heads_view(x.data(), x.size(0), x.size(1), heads, x.size(2) / heads);
+}
+template <class T>
+View<T> heads_view(Tensor<T>& x, int64_t heads) {
+  return heads_view(x.data(), x.size(0), x.size(1), heads, x.size(2) / heads);
 }
 
 // Appends `rows` (N, 1, E)-broadcast rows along dim 1: (N, S, E) → (N, S+1, E).
@@ -341,31 +344,26 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     k = append_row(k, bias_k_.value.data());
     v = append_row(v, bias_v_.value.data());
   }
-
-  // 5. Split heads: (N, L, E) → (N, H, L, hd).
-  q = split_heads(q, heads);
-  k = split_heads(k, heads);
-  v = split_heads(v, heads);
-
-  // 6. add_zero_attn: a zero key and value appended per head, (N, H, S', hd) → (N, H, S'+1, hd).
+  // 5. add_zero_attn: a zero key and value appended to every head, which is one zero row of
+  // (N, S', E) before the heads are split.
   if (options_.add_zero_attn) {
-    auto append_zero = [&](const Tensor<T>& x) {
-      Tensor<T> flat = x.reshape({checked_numel({n, heads}), x.size(2), x.size(3)});
-      return append_row(flat, static_cast<const T*>(nullptr)).reshape({n, heads, x.size(2) + 1, x.size(3)});
-    };
-    k = append_zero(k);
-    v = append_zero(v);
+    k = append_row(k, static_cast<const T*>(nullptr));
+    v = append_row(v, static_cast<const T*>(nullptr));
   }
 
-  // 7. Attention: (N, H, L, hd) and, with need_weights, the weights (N, H, L, S').
+  // 6–8. Split heads, attention, merge heads: the core reads the projections as (N, H, L, hd)
+  // views and writes its output straight into the merged (N, L, E) layout, so neither the split
+  // nor the merge copies anything; with need_weights also the weights (N, H, L, S').
   c.dropout_p = this->is_training() ? options_.dropout : 0.0;
   c.dropout_seed = c.dropout_p > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
   attention::Options<T> opt = core_options(c, backend);
   opt.need_weights = args.need_weights;
-  attention::ForwardResult<T> r = attention::sdpa_forward(q, k, v, opt);
-
-  // 8. Merge heads: (N, H, L, hd) → (N, L, E).
-  Tensor<T> merged = merge_heads(r.output);
+  Tensor<T> merged({n, len, e});
+  Tensor<double> logsumexp({n, heads, len});
+  std::optional<Tensor<T>> weights;
+  if (args.need_weights) weights = Tensor<T>({n, heads, len, k.size(1)});
+  attention::sdpa_forward_into<T>(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads),
+                                  {heads_view(merged, heads), logsumexp, weights ? View<T>(*weights) : View<T>()}, opt);
 
   // 9. out_proj, then back to the caller's layout; the weights averaged over heads unless
   // average_attn_weights=false.
@@ -378,7 +376,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     result.output = options_.batch_first ? std::move(out) : permute(out, {1, 0, 2});
   }
   if (args.need_weights) {
-    Tensor<T> w = args.average_attn_weights ? mean_over_heads(*r.weights) : std::move(*r.weights);
+    Tensor<T> w = args.average_attn_weights ? mean_over_heads(*weights) : std::move(*weights);
     result.attn_weights = unbatched ? squeeze(w, 0) : std::move(w);
   }
 
@@ -389,8 +387,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
     c.q = std::move(q);
     c.k = std::move(k);
     c.v = std::move(v);
-    c.attention = std::move(r.output);
-    c.logsumexp = std::move(r.logsumexp);
+    c.logsumexp = std::move(logsumexp);
     c.merged = std::move(merged);
     c.unbatched = unbatched;
     c.batch_first = options_.batch_first;
@@ -420,20 +417,18 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   Tensor<T> grad_merged = linear_backward(c.merged, weight_view(out_proj_weight_.value), to_internal(grad_output),
                                           out_proj_weight_.grad.data(),
                                           options_.bias ? out_proj_bias_.grad.data() : nullptr);
-  // 8. Merge heads: the gradient splits back into heads, (N, L, E) → (N, H, L, hd).
-  Tensor<T> grad_attention = split_heads(grad_merged, heads);
-  // 7. Attention, with the masks, causality and dropout forward used.
-  attention::Gradients<T> g =
-      attention::sdpa_backward(c.q, c.k, c.v, c.attention, c.logsumexp, grad_attention, core_options(c, backend));
-  // 6. add_zero_attn: the zero key/value are constants.
+  // 8–5. Merge heads, attention, split heads, on (N, ·, E) memory seen as heads (as forward),
+  // with the masks, causality and dropout forward used.
+  Tensor<T> grad_q(c.q.shape()), grad_k(c.k.shape()), grad_v(c.v.shape());
+  attention::sdpa_backward_into<T>(heads_view(c.q, heads), heads_view(c.k, heads), heads_view(c.v, heads),
+                                   heads_view(c.merged, heads), c.logsumexp, heads_view(grad_merged, heads),
+                                   {heads_view(grad_q, heads), heads_view(grad_k, heads), heads_view(grad_v, heads)},
+                                   core_options(c, backend));
+  // 5. add_zero_attn: the zero key/value are constants.
   if (options_.add_zero_attn) {
-    g.grad_key = drop_last(g.grad_key, 2);
-    g.grad_value = drop_last(g.grad_value, 2);
+    grad_k = drop_last(grad_k, 1);
+    grad_v = drop_last(grad_v, 1);
   }
-  // 5. Split heads: merged back to (N, L, E) and (N, S', E).
-  Tensor<T> grad_q = merge_heads(g.grad_query);
-  Tensor<T> grad_k = merge_heads(g.grad_key);
-  Tensor<T> grad_v = merge_heads(g.grad_value);
   // 4. add_bias_kv: the appended position's gradient belongs to bias_k / bias_v.
   if (options_.add_bias_kv) {
     const int64_t s = grad_k.size(1);

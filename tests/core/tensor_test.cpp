@@ -42,6 +42,17 @@ TEST(Tensor, ConstructionAndAccess) {
             std::string::npos);
 }
 
+// Storage: 64-byte aligned; from 4 MiB on, 2 MiB aligned (huge pages, tensor.h); a tensor of no
+// elements still has an address (it is defined).
+TEST(Tensor, StorageAlignment) {
+  const mha::Tensor<float> small({3}), large({int64_t{1} << 20}), empty({0, 5});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % (uintptr_t{2} << 20), 0u);
+  EXPECT_NE(empty.data(), nullptr);
+  EXPECT_TRUE(empty.defined());
+  for (float x : large.values()) ASSERT_EQ(x, 0.0f);
+}
+
 TEST(Tensor, CopyIsDeep) {
   mha::FloatTensor a({2}, {1.0f, 2.0f});
   mha::FloatTensor b = a;

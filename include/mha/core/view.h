@@ -88,9 +88,11 @@ bool ranges_overlap(const View<A>& a, const View<B>& b) {
 }
 
 // True when no two index tuples of `v` reach the same element: sorted by stride, each dimension
-// steps past everything the smaller ones span (size-1 dimensions ignored).
+// steps past everything the smaller ones span (size-1 dimensions ignored). A view of no elements
+// has none to share.
 template <class T>
 bool elements_distinct(const View<T>& v) {
+  if (v.numel() == 0) return true;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
   for (int64_t i = 0; i < v.dim(); ++i)
     if (v.size(i) > 1) dims.emplace_back(v.stride(i), v.size(i));

@@ -59,10 +59,10 @@ struct MultiheadAttentionOutput {
 template <class T>
 struct MultiheadAttentionCache {
   Tensor<T> query, key, value;  // inputs, batch-first (N, L, ·)
-  Tensor<T> q, k, v;            // projected heads (N, H, L, hd) and (N, H, S', hd)
-  Tensor<T> attention;          // (N, H, L, hd)
+  Tensor<T> q, k, v;            // projections (N, L, E) and (N, S', E), S' counting appended keys;
+                                // the attention core reads them as heads (N, H, ·, hd) in place
   Tensor<double> logsumexp;     // (N, H, L)
-  Tensor<T> merged;             // heads merged, (N, L, E): the input of out_proj
+  Tensor<T> merged;             // the attention's output, heads merged, (N, L, E): out_proj's input
   std::optional<Tensor<bool>> attend_mask;
   std::optional<Tensor<T>> additive_mask;
   attention::Causal causal = attention::Causal::none;
