@@ -172,8 +172,8 @@ layout_of = functools.lru_cache(maxsize=256)(Layout)
 
 def _empty(shape, dtype):
     """np.empty, but with row-major strides also when it has no elements: numpy >= 2 gives an
-    empty array strides of 0, which mha refuses (a last dimension of stride 0, elements that
-    share memory) although such a view addresses no memory at all."""
+    empty array strides of 0, and mha refuses a last dimension of stride 0 (attention.cpp,
+    rows_of) even in a view that addresses no memory at all."""
     x = np.empty(shape, dtype=dtype)
     return x if x.size else _row_major(x)
 

@@ -139,8 +139,8 @@ def test_strided_inputs_give_the_contiguous_result():
     np.testing.assert_array_equal(mha.scaled_dot_product_attention(misaligned, kt, vt), expected)
 
 
-# numpy >= 2 gives every empty array strides of 0, which mha refuses (a last dimension of
-# stride 0; an output whose elements share memory); the package re-strides such arrays.
+# numpy >= 2 gives every empty array strides of 0, and mha refuses a last dimension of stride 0
+# even when there are no elements; the package re-strides such arrays.
 def test_no_queries():
     q, k, v = randn(2, 3, 0, 4), randn(2, 3, 5, 4), randn(2, 3, 5, 6)
     assert mha.scaled_dot_product_attention(q, k, v).shape == (2, 3, 0, 6)
