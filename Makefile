@@ -1,12 +1,14 @@
 # Thin convenience wrapper around CMake/CTest; CMakeLists.txt is the build system.
 #   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
 #   make build  configure build/ (Release) if needed, then build
-#   make test   deps + build + ctest
+#   make test   deps + build + ctest, then test-python
+#   make test-python  pip-installs the Python package (python/) and runs its pytest suite
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
 #   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
-#   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py)
+#   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
+#               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -18,7 +20,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps build test test-sanitize fuzz demo bench clean
+.PHONY: all deps build test test-python python-package test-sanitize fuzz demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -45,6 +47,18 @@ build:
 
 test: deps build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
+	$(MAKE) test-python
+
+# The Python package: built by scikit-build-core in build/py-<wheel tag>/ (incremental) and
+# installed into .venv/ without build isolation (install_python_deps.sh makes the environment
+# and installs the build tools, torch and pytest), then tested.
+PYTHON ?= .venv/bin/python
+python-package: deps
+	./scripts/install_python_deps.sh
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --no-build-isolation .
+
+test-python: python-package
+	$(PYTHON) -m pytest python/tests -q
 
 # Configured every time (a few seconds), so a build-asan/ made some other way still gets the option.
 test-sanitize: deps
@@ -60,9 +74,11 @@ demo: deps build
 	./scripts/demo.sh $(BUILD_DIR)
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
+# Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py).
 bench: TARGETS = mha_cli
-bench: deps build
+bench: deps build python-package
 	python3 scripts/bench/bench.py $(BUILD_DIR)
+	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

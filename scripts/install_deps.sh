@@ -21,6 +21,8 @@ packages=(
   libgtest-dev
   libbenchmark-dev
   dataset-fashion-mnist
+  python3-dev
+  python3-venv
   "$@"
 )
 

@@ -1,0 +1,64 @@
+"""mha: scaled dot-product attention from the mha C++ library, for numpy arrays.
+
+    import numpy as np, mha
+    q, k, v = (np.random.rand(2, 8, 128, 64).astype(np.float32) for _ in range(3))
+    out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+Shapes, defaults and masks are PyTorch's torch.nn.functional.scaled_dot_product_attention's;
+float32 and float64. Arrays are read in place (no copy) when their last dimension is contiguous;
+outputs are new arrays. mha.torch (imported on its own, `import mha.torch`) has the PyTorch
+operators, autograd and torch.compile included. docs/python.md has the details.
+"""
+from __future__ import annotations
+
+from . import _core
+from ._core import ArgumentError, ArgumentTypeError, get_num_threads, set_num_threads
+
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_num_threads",
+           "get_num_threads", "ArgumentError", "ArgumentTypeError"]
+__version__ = "0.1.0"
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, dropout_seed=None, return_logsumexp=False):
+    """softmax(query · keyᵀ · scale + mask) · value, as torch.nn.functional.scaled_dot_product_attention.
+
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): rank 2 or more, leading
+    dimensions broadcast; Hkv must equal Hq (or broadcast) unless enable_gqa, which lets it be any
+    divisor of Hq. float32 or float64, all three the same.
+    attn_mask: broadcastable to (..., L, S); bool (True = may attend) or query's dtype (added to
+    the scores, -inf blocks). Not allowed together with is_causal.
+    is_causal: query i sees keys j <= i (top-left aligned, as PyTorch).
+    scale: defaults to 1/sqrt(E).
+    dropout_p: dropout on the attention probabilities, always applied when > 0; it needs
+    dropout_seed (an integer in [0, 2**64)): the dropped entries are a function of the seed
+    alone, so backward given the same seed drops the same ones.
+    return_logsumexp: also return the float64 log-sum-exp of each score row, (..., Hq, L), which
+    scaled_dot_product_attention_backward can take instead of recomputing it.
+
+    Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
+    """
+    output, logsumexp = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
+                                      enable_gqa, dropout_seed, _core.get_num_threads())
+    return (output, logsumexp) if return_logsumexp else output
+
+
+def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_mask=None, dropout_p=0.0,
+                                          is_causal=False, scale=None, enable_gqa=False, *, dropout_seed=None,
+                                          output=None, logsumexp=None):
+    """Gradients (grad_query, grad_key, grad_value) of sum(output · grad_output), each of its
+    input's shape (summed over what was broadcast).
+
+    The arguments are the forward's, plus grad_output (the output's shape and dtype). Pass the
+    forward's output and logsumexp (scaled_dot_product_attention(..., return_logsumexp=True))
+    to save a forward pass, or neither to have them recomputed. With dropout, dropout_seed must
+    be the forward's.
+    """
+    return _core.backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p,
+                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads())
+
+
+def _causal(is_causal):
+    if not isinstance(is_causal, (bool, _core.np.bool_)):
+        raise ArgumentTypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    return "top_left" if is_causal else "none"

@@ -1,0 +1,340 @@
+"""SDPA's shapes brought to mha's, on numpy arrays; shared by mha (numpy) and mha.torch.
+
+mha's kernels take query (B, Hq, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev) with Hq a
+multiple of Hkv, and strided memory whose last dimension is contiguous. PyTorch's
+scaled_dot_product_attention takes more: any number of leading dimensions (rank 2 and up),
+broadcast between query, key and value like a matmul, and with enable_gqa key and value heads
+that each divide the query heads. Each input is brought to the 4-D form by
+
+    (*b, h, n, d) -> (*b, h, 1, n, d)         a new axis for the head repeat (a view)
+                  -> (*batch, h, r, n, d)      np.broadcast_to: stride 0, no copy
+                  -> (B, h * r, n, d)          a reshape: a view, unless numpy must copy
+
+and its gradient comes back the same way reversed: reshape, sum over what was broadcast,
+reshape to the input's shape. An input of rank <= 4 that broadcasts only where its own size is 1
+is never copied; numpy copies only to merge broadcast batch dimensions of rank > 4, or to repeat
+heads when key and value have different head counts.
+
+Shapes are checked here with errors that name the argument, what was expected and what came;
+everything is checked again by mha itself.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import os
+
+import numpy as np
+
+from . import _mha
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument value or shape. Also a RuntimeError, which is what PyTorch raises for the
+    same mistakes, so code written against torch's SDPA catches it."""
+
+
+class ArgumentTypeError(TypeError, RuntimeError):
+    """An argument of the wrong type or dtype (a TypeError, and a RuntimeError as in PyTorch)."""
+
+
+CAUSAL = ("none", "top_left", "bottom_right")
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _default_num_threads():
+    # OMP_NUM_THREADS may list a count per nesting level ("4,2"); the first is this level's.
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        n = 0
+    if n >= 1:
+        return n
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_num_threads = _default_num_threads()
+
+
+def set_num_threads(n):
+    global _num_threads
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ArgumentError(f"set_num_threads: expected an integer >= 1, got {n!r}")
+    _num_threads = int(n)
+
+
+def get_num_threads():
+    return _num_threads
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes. Plain tuples and integers only, so mha.torch's fake (shape-only) kernels use them too,
+# with torch's symbolic sizes.
+
+def _shape(shape):
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def broadcast_shapes(*named, what):
+    """numpy's broadcasting of the named shapes, aligned on the right; an error names them all."""
+    first = named[0][1]
+    if all(s == first for _, s in named):  # the common case, in a fraction of the time
+        return tuple(first)
+    rank = max(len(s) for _, s in named)
+    out = []
+    for i in range(rank):
+        sizes = [s[len(s) - rank + i] for _, s in named if len(s) - rank + i >= 0]
+        size = 1
+        for s in sizes:
+            if s != 1:
+                if size != 1 and s != size:
+                    got = ", ".join(f"{name} {_shape(s)}" for name, s in named)
+                    raise ArgumentError(f"{what}: expected shapes that broadcast, got {got}")
+                size = s
+        out.append(size)
+    return tuple(out)
+
+
+class Layout:
+    """Where SDPA's inputs go in mha's (B, H, L, D) form, from their shapes alone.
+
+    lead: the output's leading dimensions (batch..., heads), () for rank-2 inputs; batch: the
+    broadcast batch dimensions; heads: Hq; kv_heads: the Hkv mha runs with; repeats: how many
+    times each of query, key, value is repeated along the heads (1 = as it is).
+    """
+
+    def __init__(self, query_shape, key_shape, value_shape, enable_gqa):
+        shapes = {"query": tuple(query_shape), "key": tuple(key_shape), "value": tuple(value_shape)}
+        for name, s in shapes.items():
+            if len(s) < 2:
+                raise ArgumentError(f"{name}: expected at least 2 dimensions (..., sequence, head_dim), "
+                                    f"got shape {_shape(s)}")
+        q, k, v = shapes.values()
+        if k[-1] != q[-1]:
+            raise ArgumentError(f"key: expected head size {q[-1]} (the last dimension of query {_shape(q)}), "
+                                f"got shape {_shape(k)}")
+        if v[-2] != k[-2]:
+            raise ArgumentError(f"value: expected sequence length {k[-2]} (as key {_shape(k)}), got shape {_shape(v)}")
+        self.rank = max(len(q), len(k), len(v))
+        # Rank 2 has no heads dimension: it is treated as one head.
+        padded = {name: (1,) * (max(self.rank, 3) - len(s)) + s for name, s in shapes.items()}
+        self.padded = padded
+        self.batch = broadcast_shapes(*((name, s[:-3]) for name, s in padded.items()), what="batch dimensions")
+        hq, hk, hv = (padded[n][-3] for n in ("query", "key", "value"))
+        if enable_gqa:
+            if hk == 0 or hv == 0 or hq % hk or hq % hv:
+                raise ArgumentError(f"enable_gqa: the numbers of key and value heads must divide the number of "
+                                    f"query heads {hq}, got key {hk} and value {hv}")
+            heads = hq
+        else:
+            heads = broadcast_shapes(("query", (hq,)), ("key", (hk,)), ("value", (hv,)),
+                                     what="heads (dimension -3; enable_gqa=True allows fewer key/value heads)")[0]
+        # Key and value with the same head count run as they are (mha's grouped-query attention
+        # maps query head h to key/value head h / (Hq / Hkv)); otherwise both are repeated to Hq.
+        # Equal counts divide Hq in both modes (broadcasting allows only 1 or Hq).
+        self.kv_heads = hk if hk == hv else heads
+        self.heads = heads
+        self.repeats = {"query": heads // hq if hq else 1, "key": self.kv_heads // hk if hk else 1,
+                        "value": self.kv_heads // hv if hv else 1}
+        self.lead = self.batch + (heads,) if self.rank >= 3 else ()
+        self.query_len, self.key_len, self.value_dim = q[-2], k[-2], v[-1]
+        self.batch_size = math.prod(self.batch)
+        self.flat_shapes = {name: (self.batch_size, s[-3] * self.repeats[name]) + s[-2:] for name, s in padded.items()}
+
+    def output_shape(self):
+        return self.lead + (self.query_len, self.value_dim)
+
+    def logsumexp_shape(self):
+        return self.lead + (self.query_len,)
+
+    def mask_shape(self):
+        return self.lead + (self.query_len, self.key_len)
+
+    def expanded(self, name):
+        """The shape (*batch, h, r, n, d) the named input is broadcast to."""
+        s = self.padded[name]
+        return self.batch + (s[-3], self.repeats[name]) + s[-2:]
+
+    def flat(self, name):
+        """Its 4-D shape (B, h * r, n, d) for mha."""
+        return self.flat_shapes[name]
+
+
+# Layouts of concrete shapes, reused: most programs call attention with a handful of shapes, and
+# working one out costs more than the rest of the Python side of a small call. (The fake kernels
+# of mha.torch build Layout directly: symbolic sizes are not hashable.)
+layout_of = functools.lru_cache(maxsize=256)(Layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays.
+
+def _empty(shape, dtype):
+    """np.empty, but with row-major strides also when it has no elements: numpy >= 2 gives an
+    empty array strides of 0, and mha refuses a last dimension of stride 0 (attention.cpp,
+    rows_of) even in a view that addresses no memory at all."""
+    x = np.empty(shape, dtype=dtype)
+    return x if x.size else _row_major(x)
+
+
+def _row_major(x):
+    # Row-major strides counting a size-0 dimension as 1 (as torch lays out an empty tensor),
+    # so that no two dimensions get the same stride.
+    strides = tuple(x.itemsize * math.prod(max(d, 1) for d in x.shape[i + 1:]) for i in range(x.ndim))
+    return np.lib.stride_tricks.as_strided(x, strides=strides)
+
+
+def viewable(x):
+    """x when mha can read it in place: aligned, strides that are whole non-negative multiples
+    of the element size, the last dimension contiguous; otherwise a contiguous copy."""
+    if x.size == 0:
+        return _row_major(x)
+    item = x.itemsize
+    ok = x.flags.aligned and all(s >= 0 and s % item == 0 for s in x.strides)
+    if ok and x.ndim and x.shape[-1] > 1:
+        ok = x.strides[-1] == item
+    return x if ok else np.ascontiguousarray(x)
+
+
+def _to_flat(layout, name, x):
+    x = viewable(x)
+    if x.shape == layout.flat(name):  # already (B, H, n, d): nothing to broadcast (the common case)
+        return x
+    s = layout.padded[name]
+    x5 = x.reshape(s[:-2] + (1,) + s[-2:])
+    return np.broadcast_to(x5, layout.expanded(name)).reshape(layout.flat(name))
+
+
+def _fold_gradient(layout, name, grad, shape):
+    """The gradient of the original input from the gradient of its 4-D form: what was broadcast
+    (batch dimensions of size 1, repeated heads) is summed."""
+    g = grad.reshape(layout.expanded(name))
+    s = layout.padded[name]
+    own = s[:-2] + (1,) + s[-2:]
+    axes = tuple(i for i, (a, b) in enumerate(zip(own, g.shape)) if a == 1 and b != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _array(name, x):
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as e:  # anything numpy cannot take is the caller's type error
+        raise ArgumentTypeError(f"{name}: expected an array, got {type(x).__name__} ({e})") from None
+
+
+def check_inputs(query, key, value):
+    query, key, value = (_array(n, x) for n, x in (("query", query), ("key", key), ("value", value)))
+    if query.dtype not in DTYPES:
+        raise ArgumentTypeError(f"query: expected dtype float32 or float64, got {query.dtype}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ArgumentTypeError(f"key, value: expected the dtype of query ({query.dtype}), "
+                                f"got key {key.dtype} and value {value.dtype}")
+    return query, key, value
+
+
+def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
+    """Validates the options shared by forward and backward; returns the mask as an array."""
+    if causal not in CAUSAL:
+        raise ArgumentError(f"causal: expected one of {', '.join(CAUSAL)}, got {causal!r}")
+    if attn_mask is not None:
+        if causal != "none":
+            raise ArgumentError("attn_mask: expected None when is_causal=True (PyTorch's rule: the causal "
+                                "mask replaces it), got a mask")
+        attn_mask = _array("attn_mask", attn_mask)
+        if attn_mask.dtype != np.bool_ and attn_mask.dtype != dtype:
+            raise ArgumentTypeError(f"attn_mask: expected dtype bool (True = may attend) or {dtype} (added to the "
+                                    f"scores), got {attn_mask.dtype}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
+        raise ArgumentError(f"dropout_p: expected a probability in [0, 1], got {dropout_p!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale)):
+        raise ArgumentError(f"scale: expected None (1/sqrt(head_dim)) or a finite number, got {scale!r}")
+    if dropout_seed is None and dropout_p > 0:
+        raise ArgumentError("dropout_seed: expected an integer seed when dropout_p > 0 (backward needs the "
+                            "forward's seed to drop the same entries), got None")
+    if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, numbers.Integral)
+                                     or not 0 <= dropout_seed < 2**64):
+        raise ArgumentError(f"dropout_seed: expected an integer in [0, 2**64), got {dropout_seed!r}")
+    return attn_mask
+
+
+def _masks(layout, attn_mask):
+    """(attend_mask, additive_mask) for the binding: the mask broadcast to (B, H, L, S)."""
+    if attn_mask is None:
+        return None, None
+    full = layout.mask_shape()
+    m = attn_mask.shape
+    if len(m) > len(full) or any(a not in (1, b) for a, b in zip(m[::-1], full[::-1])):
+        raise ArgumentError(f"attn_mask: expected a shape broadcastable to (..., L, S) = {_shape(full)}, "
+                            f"got {_shape(m)}")
+    flat = (layout.batch_size, layout.heads, layout.query_len, layout.key_len)
+    mask = np.broadcast_to(viewable(attn_mask), full).reshape(flat)
+    return (mask, None) if mask.dtype == np.bool_ else (None, mask)
+
+
+def _call(fn, **arguments):
+    # mha's own checks come back as ValueError; they are argument errors like the ones above.
+    try:
+        fn(**arguments)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
+
+
+def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads):
+    """(output, logsumexp) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L) float64."""
+    query, key, value = check_inputs(query, key, value)
+    attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
+    layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
+    attend, additive = _masks(layout, attn_mask)
+    output = _empty(layout.output_shape(), query.dtype)
+    logsumexp = _empty(layout.logsumexp_shape(), np.float64)
+    B, H, L = layout.batch_size, layout.heads, layout.query_len
+    _call(_mha.sdpa_forward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
+          value=_to_flat(layout, "value", value), output=output.reshape(B, H, L, layout.value_dim),
+          logsumexp=logsumexp.reshape(B, H, L), attend_mask=attend, additive_mask=additive,
+          causal=getattr(_mha.Causal, causal), scale=scale, dropout_p=float(dropout_p),
+          dropout_seed=int(dropout_seed or 0), num_threads=num_threads)
+    return output, logsumexp
+
+
+def _check_like(name, x, shape, dtype):
+    x = _array(name, x)
+    if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
+        raise ArgumentError(f"{name}: expected shape {_shape(shape)} and dtype {dtype} (from the forward's inputs), "
+                            f"got shape {_shape(x.shape)} and dtype {x.dtype}")
+    return x
+
+
+def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
+             dropout_seed, num_threads):
+    """(grad_query, grad_key, grad_value), each of its input's shape. output and logsumexp are
+    the forward's; None for both recomputes them."""
+    query, key, value = check_inputs(query, key, value)
+    attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
+    layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
+    if (output is None) != (logsumexp is None):
+        raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
+                            f"got {'output' if output is not None else 'logsumexp'} only")
+    if output is None:
+        output, logsumexp = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
+                                    dropout_seed, num_threads)
+    grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
+    output = _check_like("output", output, layout.output_shape(), query.dtype)
+    logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
+    attend, additive = _masks(layout, attn_mask)
+    B, H, L = layout.batch_size, layout.heads, layout.query_len
+    grads = {name: _empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
+    _call(_mha.sdpa_backward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
+          value=_to_flat(layout, "value", value), output=viewable(output).reshape(B, H, L, layout.value_dim),
+          logsumexp=viewable(logsumexp).reshape(B, H, L),
+          grad_output=viewable(grad_output).reshape(B, H, L, layout.value_dim),
+          grad_query=grads["query"], grad_key=grads["key"], grad_value=grads["value"],
+          attend_mask=attend, additive_mask=additive, causal=getattr(_mha.Causal, causal), scale=scale,
+          dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), num_threads=num_threads)
+    return tuple(_fold_gradient(layout, name, grads[name], x.shape)
+                 for name, x in (("query", query), ("key", key), ("value", value)))

@@ -1,0 +1,57 @@
+"""Shared by the tests: the golden cases of tests/goldens/sdpa and the acceptance rule of
+tests/goldens/README.md (the same as tests/support/golden.h), with numpy only."""
+import json
+import pathlib
+import struct
+
+import numpy as np
+
+GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens" / "sdpa"
+SDPA_CASES = sorted(p.name for p in GOLDENS.iterdir() if p.is_dir())
+
+_DTYPES = {"F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
+
+
+def load_safetensors(path):
+    """(tensors, metadata) of a .safetensors file: an 8-byte little-endian header size, a JSON
+    header, then the tensors' bytes (the format the goldens are written in)."""
+    data = pathlib.Path(path).read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    metadata = header.pop("__metadata__", {})
+    body = data[8 + size:]
+    tensors = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        tensors[name] = np.frombuffer(body[begin:end], dtype=_DTYPES[info["dtype"]]).reshape(info["shape"]).copy()
+    return tensors, metadata
+
+
+def load_case(name):
+    inputs, metadata = load_safetensors(GOLDENS / name / "inputs.safetensors")
+    expected, _ = load_safetensors(GOLDENS / name / "expected_f64.safetensors")
+    torch_f32, _ = load_safetensors(GOLDENS / name / "torch_f32.safetensors")
+    return inputs, metadata, expected, torch_f32
+
+
+def max_abs_diff(a, b):
+    d = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+    return np.inf if np.isnan(d).any() else (float(d.max()) if d.size else 0.0)
+
+
+def assert_flash_rule(ours, expected_f64, torch_f32, what):
+    """float32: max|ours − f64| ≤ 2·max|torch_f32 − f64| + 1e-6·max|f64| (FlashAttention's rule)."""
+    assert ours.shape == expected_f64.shape, f"{what}: shape {ours.shape}, expected {expected_f64.shape}"
+    error = max_abs_diff(ours, expected_f64)
+    torch_error = max_abs_diff(torch_f32, expected_f64)
+    scale = float(np.abs(expected_f64).max()) if expected_f64.size else 0.0
+    bound = 2 * torch_error + 1e-6 * scale
+    assert error <= bound, f"{what}: mha error {error} > bound {bound} (PyTorch float32 error {torch_error})"
+
+
+def assert_close_f64(ours, expected_f64, what, tolerance=1e-10):
+    """float64: max|ours − f64| ≤ tolerance·max(1, max|f64|) (the C++ golden test's bound)."""
+    assert ours.shape == expected_f64.shape, f"{what}: shape {ours.shape}, expected {expected_f64.shape}"
+    scale = max(1.0, float(np.abs(expected_f64).max()) if expected_f64.size else 0.0)
+    error = max_abs_diff(ours, expected_f64)
+    assert error <= tolerance * scale, f"{what}: float64 error {error} > {tolerance * scale}"

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""`make bench`, Python part: mha from PyTorch beside PyTorch's own SDPA, in the same run.
+
+For each shape (B, H, L=S, d): the median time of mha.torch.scaled_dot_product_attention and of
+torch.nn.functional.scaled_dot_product_attention, forward (inference mode) and forward+backward,
+and the cost of the layers above the C++ kernel: the same forward through the numpy API and
+straight through the binding (_mha.sdpa_forward on preallocated arrays: the kernel plus
+nanobind's argument conversion), whose difference from mha.torch is the per-call overhead of
+the operator, autograd and the shape handling. Threads: torch.get_num_threads() for both
+(OMP_NUM_THREADS, default all cores). Writes <build>/bench/python.json.
+
+    python3 scripts/bench/bench_python.py [build dir] [--quick]   (--quick: the small shape only)
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+import mha
+import mha.torch
+from mha import _mha
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAPES = [(1, 8, 128, 64), (4, 8, 2048, 64)]  # the small one shows the binding's overhead
+
+
+def median_seconds(run, repeats):
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_shape(B, H, L, d, repeats):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, L, d, generator=g) for _ in range(4))
+    F = torch.nn.functional
+    out = {}
+    with torch.inference_mode():
+        out["mha_forward_ms"] = median_seconds(lambda: mha.torch.scaled_dot_product_attention(q, k, v), repeats)
+        out["torch_forward_ms"] = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v), repeats)
+    for name, fn in (("mha", mha.torch.scaled_dot_product_attention), ("torch", F.scaled_dot_product_attention)):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out[f"{name}_forward_backward_ms"] = median_seconds(
+            lambda: torch.autograd.grad(fn(*leaves), leaves, dout), repeats)
+    # The layers under mha.torch, on the same arrays.
+    qn, kn, vn = (x.numpy() for x in (q, k, v))
+    output, lse = np.empty((B, H, L, d), dtype=np.float32), np.empty((B, H, L))
+    threads = torch.get_num_threads()
+    mha.set_num_threads(threads)
+    out["numpy_forward_ms"] = median_seconds(lambda: mha.scaled_dot_product_attention(qn, kn, vn), repeats)
+    out["binding_forward_ms"] = median_seconds(
+        lambda: _mha.sdpa_forward(query=qn, key=kn, value=vn, output=output, logsumexp=lse, attend_mask=None,
+                                  additive_mask=None, causal=_mha.Causal.none, scale=None, dropout_p=0.0,
+                                  dropout_seed=0, num_threads=threads), repeats)
+    for k_ in list(out):
+        out[k_] *= 1e3
+    out["overhead_us"] = (out["mha_forward_ms"] - out["binding_forward_ms"]) * 1e3
+    out["overhead_fraction"] = out["overhead_us"] / 1e3 / out["mha_forward_ms"]
+    return out
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    shapes = SHAPES[:1] if "--quick" in sys.argv[1:] else SHAPES
+    build = args[0] if args else os.path.join(ROOT, "build")
+    results = []
+    for B, H, L, d in shapes:
+        repeats = 200 if L <= 256 else 5
+        r = dict(batch=B, heads=H, len=L, head_dim=d, **bench_shape(B, H, L, d, repeats))
+        results.append(r)
+    print(f"\nmha.torch vs torch.nn.functional.scaled_dot_product_attention, float32, {torch.get_num_threads()} "
+          f"threads, torch {torch.__version__}; medians in ms, ratio = torch / mha (> 1: mha is faster)")
+    print(f'{"shape (B, H, L=S, d)":22s} {"mha fwd":>9s} {"torch":>9s} {"ratio":>6s} {"mha f+b":>9s} {"torch":>9s} '
+          f'{"ratio":>6s} {"numpy":>9s} {"binding":>9s} {"overhead":>12s}')
+    for r in results:
+        print(f'({r["batch"]}, {r["heads"]}, {r["len"]}, {r["head_dim"]}){"":6s} {r["mha_forward_ms"]:9.3f} '
+              f'{r["torch_forward_ms"]:9.3f} {r["torch_forward_ms"] / r["mha_forward_ms"]:6.2f} '
+              f'{r["mha_forward_backward_ms"]:9.3f} {r["torch_forward_backward_ms"]:9.3f} '
+              f'{r["torch_forward_backward_ms"] / r["mha_forward_backward_ms"]:6.2f} {r["numpy_forward_ms"]:9.3f} '
+              f'{r["binding_forward_ms"]:9.3f} {r["overhead_us"]:6.1f} µs {100 * r["overhead_fraction"]:3.0f}%')
+    print("(numpy: mha.scaled_dot_product_attention; binding: _mha.sdpa_forward on preallocated arrays; "
+          "overhead: mha.torch forward minus binding)")
+    os.makedirs(os.path.join(build, "bench"), exist_ok=True)
+    path = os.path.join(build, "bench", "python.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"threads": torch.get_num_threads(), "torch_version": torch.__version__, "shapes": results}, f,
+                  indent=2)
+    os.replace(path + ".tmp", path)
+    print(f"JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

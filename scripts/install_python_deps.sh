@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Prepares the Python environment `make test-python` and `make bench` use: a virtual
+# environment in .venv/ (Debian's python3 refuses pip installs outside one, PEP 668) that also
+# sees the packages already installed for python3 (--system-site-packages: an existing torch
+# is not downloaded again), then pip-installs what does not import yet: nanobind and
+# scikit-build-core to build the package, numpy, pytest, torch (the CPU wheel from PyPI) and
+# expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run).
+# Idempotent: a second run finds everything and only prints one line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "install_python_deps: creating $VENV (python3 -m venv --system-site-packages)"
+  python3 -m venv --system-site-packages "$VENV"
+fi
+PYTHON="$VENV/bin/python"
+
+# module to import -> pip requirement
+declare -A requirement=(
+  [nanobind]="nanobind>=2"
+  [scikit_build_core]="scikit-build-core>=0.10"
+  [numpy]="numpy"
+  [pytest]="pytest"
+  [torch]="torch>=2.4"
+  [expecttest]="expecttest"
+)
+
+missing=()
+for module in "${!requirement[@]}"; do
+  if ! "$PYTHON" -c "import $module" >/dev/null 2>&1; then
+    missing+=("${requirement[$module]}")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_python_deps: all ${#requirement[@]} packages already installed in $VENV"
+  exit 0
+fi
+echo "install_python_deps: installing ${missing[*]} into $VENV"
+"$PYTHON" -m pip install "${missing[@]}"
