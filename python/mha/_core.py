@@ -170,26 +170,11 @@ layout_of = functools.lru_cache(maxsize=256)(Layout)
 # ---------------------------------------------------------------------------------------------
 # Arrays.
 
-def _empty(shape, dtype):
-    """np.empty, but with row-major strides also when it has no elements: numpy >= 2 gives an
-    empty array strides of 0, and mha refuses a last dimension of stride 0 (attention.cpp,
-    rows_of) even in a view that addresses no memory at all."""
-    x = np.empty(shape, dtype=dtype)
-    return x if x.size else _row_major(x)
-
-
-def _row_major(x):
-    # Row-major strides counting a size-0 dimension as 1 (as torch lays out an empty tensor),
-    # so that no two dimensions get the same stride.
-    strides = tuple(x.itemsize * math.prod(max(d, 1) for d in x.shape[i + 1:]) for i in range(x.ndim))
-    return np.lib.stride_tricks.as_strided(x, strides=strides)
-
-
 def viewable(x):
     """x when mha can read it in place: aligned, strides that are whole non-negative multiples
     of the element size, the last dimension contiguous; otherwise a contiguous copy."""
     if x.size == 0:
-        return _row_major(x)
+        return np.empty(x.shape, dtype=x.dtype)  # no memory to share; fresh strides are never negative
     item = x.itemsize
     ok = x.flags.aligned and all(s >= 0 and s % item == 0 for s in x.strides)
     if ok and x.ndim and x.shape[-1] > 1:
@@ -291,8 +276,8 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     attend, additive = _masks(layout, attn_mask)
-    output = _empty(layout.output_shape(), query.dtype)
-    logsumexp = _empty(layout.logsumexp_shape(), np.float64)
+    output = np.empty(layout.output_shape(), query.dtype)
+    logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_mha.sdpa_forward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
           value=_to_flat(layout, "value", value), output=output.reshape(B, H, L, layout.value_dim),
@@ -328,7 +313,7 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
     attend, additive = _masks(layout, attn_mask)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
-    grads = {name: _empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
+    grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
     _call(_mha.sdpa_backward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
           value=_to_flat(layout, "value", value), output=viewable(output).reshape(B, H, L, layout.value_dim),
           logsumexp=viewable(logsumexp).reshape(B, H, L),

@@ -18,12 +18,13 @@ using detail::Masks;
 using detail::Problem;
 using detail::Rows;
 
-// A (B, H, N, D) operand: rank 4, rows contiguous.
+// A (B, H, N, D) operand: rank 4, rows contiguous (a view of no elements reads no memory: any
+// strides; numpy gives empty arrays all-zero strides).
 template <class T>
 Rows<T> rows_of(const View<T>& v, const char* name, const char* layout) {
-  check(v.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(v.shape()));
-  check(v.size(3) <= 1 || v.stride(3) == 1, name, ": expected a contiguous last dimension (stride 1), got shape ",
-        to_string(v.shape()), " with strides ", to_string(v.strides()));
+  check(v.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", v.shape());
+  check(v.numel() == 0 || v.size(3) <= 1 || v.stride(3) == 1, name, ": expected a contiguous last dimension (stride 1), got shape ",
+        v.shape(), " with strides ", v.strides());
   return {v.data(), v.stride(0), v.stride(1), v.stride(2)};
 }
 
@@ -45,8 +46,8 @@ BroadcastView<M> broadcast_view(const View<const M>& mask, const Problem& p, con
     const int64_t want = full[4 - s.size() + i];
     ok = s[i] == want || s[i] == 1;
   }
-  check(ok, name, ": expected a 1-D to 4-D shape broadcastable to (B, Hq, L, S) = ", to_string(full),
-        ", got ", to_string(s));
+  check(ok, name, ": expected a 1-D to 4-D shape broadcastable to (B, Hq, L, S) = ", full,
+        ", got ", s);
   // The mask's own strides, 0 where it broadcasts; a missing leading dimension broadcasts too.
   int64_t stride[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < s.size(); ++i) stride[4 - s.size() + i] = s[i] == 1 ? 0 : mask.stride(static_cast<int64_t>(i));
@@ -61,13 +62,13 @@ BroadcastView<M> broadcast_view(const View<const M>& mask, const Problem& p, con
 template <class T>
 Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Options<T>& options) {
   check(k[0] == q[0] && v[0] == q[0], "key/value: expected batch size ", q[0],
-        " (from query ", to_string(q), "), got key ", to_string(k), " and value ", to_string(v));
-  check(k[1] == v[1], "value: expected ", k[1], " heads (as key ", to_string(k), "), got ",
-        to_string(v));
-  check(k[2] == v[2], "value: expected sequence length ", k[2], " (as key ", to_string(k), "), got ",
-        to_string(v));
-  check(k[3] == q[3], "key: expected head size ", q[3], " (as query ", to_string(q), "), got ",
-        to_string(k));
+        " (from query ", q, "), got key ", k, " and value ", v);
+  check(k[1] == v[1], "value: expected ", k[1], " heads (as key ", k, "), got ",
+        v);
+  check(k[2] == v[2], "value: expected sequence length ", k[2], " (as key ", k, "), got ",
+        v);
+  check(k[3] == q[3], "key: expected head size ", q[3], " (as query ", q, "), got ",
+        k);
   check(k[1] > 0 && q[1] % k[1] == 0, "key: number of key/value heads must divide the ", q[1],
         " query heads (grouped-query attention), got ", k[1]);
   // The sizes the call works with, checked before anything is allocated: the output
@@ -95,7 +96,7 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
     p.scale = *options.scale;
   } else {
     check(p.qk_head_dim > 0, "query: head size must be > 0 for the default scale 1/sqrt(Dqk), got ",
-          to_string(q));
+          q);
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.qk_head_dim));
   }
   return p;
@@ -130,7 +131,7 @@ void check_output(const View<T>& out, const Shape& shape, const char* name,
                   std::vector<std::pair<const char*, const char*>>& written) {
   check_shape(out.shape(), shape, name);
   check(elements_distinct(out), name, ": expected an output whose elements do not share memory, got strides ",
-        to_string(out.strides()), " for shape ", to_string(out.shape()));
+        out.strides(), " for shape ", out.shape());
   const auto [first, last] = byte_range(out);
   auto overlaps = [&, first = first, last = last](const std::pair<const char*, const char*>& r) {
     return first && r.first && first < r.second && r.first < last;
@@ -268,7 +269,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
 }
 
 void check_rank4(const Shape& shape, const char* name, const char* layout) {
-  check(shape.size() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", to_string(shape));
+  check(shape.size() == 4, name, ": expected a 4-D tensor ", layout, ", got shape ", shape);
 }
 
 }  // namespace

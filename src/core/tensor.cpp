@@ -30,29 +30,23 @@ void FreeStorage::operator()(void* p) const { std::free(p); }
 
 }  // namespace detail
 
-std::string to_string(const Shape& shape) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
-  return out.str();
-}
+std::string to_string(const Shape& shape) { return detail::concat(shape); }
 
-int64_t checked_numel(const Shape& shape, const std::string& what) {
-  for (int64_t d : shape) check(d >= 0, what, ": dimensions must be >= 0, got ", to_string(shape));
+int64_t checked_numel(const Shape& shape, std::string_view what) {
+  for (int64_t d : shape) check(d >= 0, what, ": dimensions must be >= 0, got ", shape);
   // A zero anywhere makes the product 0 whatever the other dimensions are.
   if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) {
     if (n > std::numeric_limits<int64_t>::max() / d)
-      throw Error(what + ": number of elements overflows 64 bits for shape " + to_string(shape));
+      throw Error(detail::concat(what, ": number of elements overflows 64 bits for shape ", shape));
     n *= d;
   }
   return n;
 }
 
 void check_shape(const Shape& got, const Shape& expected, const std::string& what) {
-  check(got == expected, what, ": expected shape ", to_string(expected), ", got ", to_string(got));
+  check(got == expected, what, ": expected shape ", expected, ", got ", got);
 }
 
 template <class T>
@@ -119,7 +113,7 @@ template <class T>
 Tensor<T> unsqueeze(const Tensor<T>& in, int64_t axis) {
   Shape s = in.shape();
   const int64_t a = axis < 0 ? axis + in.dim() + 1 : axis;
-  check(a >= 0 && a <= in.dim(), "unsqueeze: axis ", axis, " out of range for shape ", to_string(s));
+  check(a >= 0 && a <= in.dim(), "unsqueeze: axis ", axis, " out of range for shape ", s);
   s.insert(s.begin() + a, 1);
   return in.reshape(s);
 }
@@ -129,7 +123,7 @@ Tensor<T> squeeze(const Tensor<T>& in, int64_t axis) {
   Shape s = in.shape();
   const int64_t a = axis < 0 ? axis + in.dim() : axis;
   check(a >= 0 && a < in.dim() && s[static_cast<size_t>(a)] == 1, "squeeze: axis ", axis,
-        " is not a size-1 dimension of shape ", to_string(s));
+        " is not a size-1 dimension of shape ", s);
   s.erase(s.begin() + a);
   return in.reshape(s);
 }
@@ -139,7 +133,7 @@ Tensor<T> expand(const Tensor<T>& in, const Shape& shape) {
   const Shape& from = in.shape();
   bool ok = from.size() == shape.size();
   for (size_t i = 0; ok && i < from.size(); ++i) ok = from[i] == shape[i] || from[i] == 1;
-  check(ok, "expand: cannot broadcast shape ", to_string(from), " to ", to_string(shape));
+  check(ok, "expand: cannot broadcast shape ", from, " to ", shape);
   Tensor<T> out(shape);
   // Walk the output with an odometer; a broadcast dimension (size 1) never advances the source.
   const size_t rank = shape.size();

@@ -202,6 +202,23 @@ TEST(AttentionViews, BadViewsAreRefusedByName) {
   expect_error([] { View<float>(nullptr, {2}); }, "View: null data for shape [2]");
 }
 
+// A view of no elements addresses no memory: numpy gives such arrays all-zero strides. No
+// queries: nothing to do; no keys: every row attends to nothing (output 0, logsumexp −inf).
+TEST(AttentionViews, EmptyViewsWithZeroStrides) {
+  float x[1] = {0};
+  double l[1] = {0};
+  const View<const float> no_queries(x, {1, 2, 0, 8}, {0, 0, 0, 0}), kv(x, {1, 2, 3, 8}, {0, 0, 0, 1});
+  View<float> no_output(x, {1, 2, 0, 8}, {0, 0, 0, 0});
+  EXPECT_NO_THROW(sdpa_forward_into<float>(no_queries, kv, kv, {no_output, View<double>(l, {1, 2, 0}, {0, 0, 0}), {}}));
+
+  const View<const float> no_keys(x, {1, 2, 0, 8}, {0, 0, 0, 0});
+  Tensor<float> q({1, 2, 3, 8}, 1.0f), out({1, 2, 3, 8}, 7.0f);
+  Tensor<double> lse({1, 2, 3});
+  sdpa_forward_into<float>(q, no_keys, no_keys, {out, lse, {}});
+  for (float o : out.values()) EXPECT_EQ(o, 0.0f);
+  for (double v : lse.values()) EXPECT_EQ(v, -std::numeric_limits<double>::infinity());
+}
+
 TEST(AttentionViews, ElementsDistinct) {
   float x[64];
   EXPECT_TRUE(elements_distinct(View<float>(x, {2, 3, 4})));

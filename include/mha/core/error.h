@@ -5,9 +5,12 @@
 // A message often quotes text from outside (a tensor name from a file, a path, a flag, another
 // library's message), so every message goes through escape() as it is made: what() is valid
 // UTF-8 with no control character but the line break, whatever the message quoted.
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "mha/core/escape.h"
 
@@ -19,16 +22,28 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+template <class Part>
+void append(std::ostringstream& out, const Part& part) {
+  if constexpr (std::is_same_v<Part, std::vector<int64_t>>) {  // a Shape: "[2, 3, 4]"
+    out << '[';
+    for (size_t i = 0; i < part.size(); ++i) out << (i ? ", " : "") << part[i];
+    out << ']';
+  } else {
+    out << part;
+  }
+}
 template <class... Parts>
 std::string concat(const Parts&... parts) {
   std::ostringstream out;
-  (out << ... << parts);
+  (append(out, parts), ...);
   return out.str();
 }
 }  // namespace detail
 
 // check(condition, "argument", ": expected ", x, ", got ", y) throws mha::Error with the
-// concatenated message when condition is false. The parts are only formatted on failure.
+// concatenated message when condition is false. The parts are only formatted on failure, so
+// pass shapes (std::vector<int64_t>, printed "[2, 3, 4]") as they are, not to_string'ed: a
+// check on a hot path then costs a comparison.
 template <class... Parts>
 void check(bool condition, const Parts&... parts) {
   if (!condition) throw Error(detail::concat(parts...));

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,7 +24,7 @@ std::string to_string(const Shape& shape);
 
 // Product of the dimensions; throws mha::Error naming `what` when a dimension is negative or
 // the product overflows int64 (so no allocation is ever sized from a wrapped number).
-int64_t checked_numel(const Shape& shape, const std::string& what = "shape");
+int64_t checked_numel(const Shape& shape, std::string_view what = "shape");
 
 namespace detail {
 // Storage for tensors: 64-byte aligned; blocks of 4 MiB and more are 2 MiB aligned and marked

@@ -24,10 +24,10 @@ class View {
   View(T* data, Shape shape) : View(data, shape, contiguous_strides(shape)) {}
   View(T* data, Shape shape, Shape strides) : data_(data), shape_(std::move(shape)), strides_(std::move(strides)) {
     check(strides_.size() == shape_.size(), "View: expected one stride per dimension, got shape ",
-          to_string(shape_), " and strides ", to_string(strides_));
+          shape_, " and strides ", strides_);
     numel_ = checked_numel(shape_, "View: shape");
-    for (int64_t s : strides_) check(s >= 0, "View: strides must be >= 0, got ", to_string(strides_));
-    check(data_ != nullptr || numel_ == 0, "View: null data for shape ", to_string(shape_));
+    for (int64_t s : strides_) check(s >= 0, "View: strides must be >= 0, got ", strides_);
+    check(data_ != nullptr || numel_ == 0, "View: null data for shape ", shape_);
   }
   // From tensors and from a mutable view of the same type.
   View(Tensor<std::remove_const_t<T>>& t) : View(t.data(), t.shape()) {}  // NOLINT: implicit by design
