@@ -173,6 +173,9 @@ layout_of = functools.lru_cache(maxsize=256)(Layout)
 def viewable(x):
     """x when mha can read it in place: aligned, strides that are whole non-negative multiples
     of the element size, the last dimension contiguous; otherwise a contiguous copy."""
+    flags = x.flags
+    if flags.c_contiguous and flags.aligned and x.size:  # the common case, checked first: it is per call
+        return x
     if x.size == 0:
         return np.empty(x.shape, dtype=x.dtype)  # no memory to share; fresh strides are never negative
     item = x.itemsize
@@ -262,10 +265,11 @@ def _masks(layout, attn_mask):
     return (mask, None) if mask.dtype == np.bool_ else (None, mask)
 
 
-def _call(fn, **arguments):
+def _call(fn, *arguments):
     # mha's own checks come back as ValueError; they are argument errors like the ones above.
+    # Positional: nanobind matches keywords by name, which costs microseconds on a small call.
     try:
-        fn(**arguments)
+        fn(*arguments)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
 
@@ -279,11 +283,11 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
-    _call(_mha.sdpa_forward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
-          value=_to_flat(layout, "value", value), output=output.reshape(B, H, L, layout.value_dim),
-          logsumexp=logsumexp.reshape(B, H, L), attend_mask=attend, additive_mask=additive,
-          causal=getattr(_mha.Causal, causal), scale=scale, dropout_p=float(dropout_p),
-          dropout_seed=int(dropout_seed or 0), num_threads=num_threads)
+    _call(_mha.sdpa_forward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
+          _to_flat(layout, "value", value), output.reshape(B, H, L, layout.value_dim),
+          logsumexp.reshape(B, H, L), attend, additive,
+          getattr(_mha.Causal, causal), scale, float(dropout_p),
+          int(dropout_seed or 0), num_threads)
     return output, logsumexp
 
 
@@ -314,12 +318,12 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     attend, additive = _masks(layout, attn_mask)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
-    _call(_mha.sdpa_backward, query=_to_flat(layout, "query", query), key=_to_flat(layout, "key", key),
-          value=_to_flat(layout, "value", value), output=viewable(output).reshape(B, H, L, layout.value_dim),
-          logsumexp=viewable(logsumexp).reshape(B, H, L),
-          grad_output=viewable(grad_output).reshape(B, H, L, layout.value_dim),
-          grad_query=grads["query"], grad_key=grads["key"], grad_value=grads["value"],
-          attend_mask=attend, additive_mask=additive, causal=getattr(_mha.Causal, causal), scale=scale,
-          dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), num_threads=num_threads)
+    _call(_mha.sdpa_backward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
+          _to_flat(layout, "value", value), viewable(output).reshape(B, H, L, layout.value_dim),
+          viewable(logsumexp).reshape(B, H, L),
+          viewable(grad_output).reshape(B, H, L, layout.value_dim),
+          grads["query"], grads["key"], grads["value"],
+          attend, additive, getattr(_mha.Causal, causal), scale,
+          float(dropout_p), int(dropout_seed or 0), num_threads)
     return tuple(_fold_gradient(layout, name, grads[name], x.shape)
                  for name, x in (("query", query), ("key", key), ("value", value)))

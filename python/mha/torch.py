@@ -43,16 +43,18 @@ def _seed(dropout_seed):
     return None if dropout_seed is None else int(dropout_seed) % 2**64
 
 
-@torch.library.custom_op("mha::sdpa_forward", mutates_args=(), device_types="cpu")
-def sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-                 causal: str, scale: Optional[float], enable_gqa: bool,
-                 dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
+                  causal: str, scale: Optional[float], enable_gqa: bool,
+                  dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """(output, logsumexp): output (..., Hq, L, Ev) and the float64 log-sum-exp of each score
     row (..., Hq, L). causal is "none", "top_left" (torch's is_causal) or "bottom_right";
     dropout_seed an int64 scalar tensor (None without dropout)."""
     output, logsumexp = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
                                       causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads())
     return torch.from_numpy(output), torch.from_numpy(logsumexp)
+
+
+sdpa_forward = torch.library.custom_op("mha::sdpa_forward", _sdpa_forward, mutates_args=(), device_types="cpu")
 
 
 @sdpa_forward.register_fake
@@ -100,16 +102,19 @@ sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _unsupported(query, key, value, attn_mask):
-    """Why mha cannot run these inputs (PyTorch's SDPA then does), or None."""
-    tensors = [t for t in (query, key, value, attn_mask) if t is not None]
-    if not all(isinstance(t, Tensor) for t in tensors):
-        return "an argument that is not a tensor"
-    if any(t.device.type != "cpu" for t in tensors):
-        return f"tensors on {next(t.device for t in tensors if t.device.type != 'cpu')} (mha runs on the CPU)"
-    if any(t.is_nested for t in tensors):
-        return "nested tensors"
-    if any(t.layout != torch.strided for t in tensors):
-        return "a layout other than strided (sparse tensors)"
+    """Why mha cannot run these inputs (PyTorch's SDPA then does), or None. One pass, attribute
+    reads only: it runs on every call."""
+    for t in (query, key, value, attn_mask):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            return "an argument that is not a tensor"
+        if t.device.type != "cpu":
+            return f"tensors on {t.device} (mha runs on the CPU)"
+        if t.is_nested:
+            return "nested tensors"
+        if t.layout != torch.strided:
+            return "a layout other than strided (sparse tensors)"
     if query.dtype not in (torch.float32, torch.float64):
         return f"dtype {query.dtype} (mha computes in float32 and float64)"
     if attn_mask is not None and attn_mask.requires_grad:
@@ -152,7 +157,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # Drawn from the default generator only when used, so that without dropout the random
     # stream is left as PyTorch's SDPA leaves it.
     seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
-    output, _ = torch.ops.mha.sdpa_forward(query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed)
+    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed)
+    # The operator when autograd or torch.compile needs it; otherwise its body, directly: the
+    # dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
+    needs_op = torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
+    output, _ = torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
     return output
 
 

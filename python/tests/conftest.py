@@ -1,10 +1,12 @@
 """Shared by the tests: the golden cases of tests/goldens/sdpa and the acceptance rule of
 tests/goldens/README.md (the same as tests/support/golden.h), with numpy only."""
 import json
+import re
 import pathlib
 import struct
 
 import numpy as np
+import pytest
 
 GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens" / "sdpa"
 SDPA_CASES = sorted(p.name for p in GOLDENS.iterdir() if p.is_dir())
@@ -55,3 +57,31 @@ def assert_close_f64(ours, expected_f64, what, tolerance=1e-10):
     scale = max(1.0, float(np.abs(expected_f64).max()) if expected_f64.size else 0.0)
     error = max_abs_diff(ours, expected_f64)
     assert error <= tolerance * scale, f"{what}: float64 error {error} > {tolerance * scale}"
+
+
+# The binding's parameters in order (python/src/bindings.cpp); mha calls it positionally.
+_BINDING_PARAMETERS = {
+    "sdpa_forward": ("query", "key", "value", "output", "logsumexp", "attend_mask", "additive_mask", "causal",
+                     "scale", "dropout_p", "dropout_seed", "num_threads"),
+    "sdpa_backward": ("query", "key", "value", "output", "logsumexp", "grad_output", "grad_query", "grad_key",
+                      "grad_value", "attend_mask", "additive_mask", "causal", "scale", "dropout_p", "dropout_seed",
+                      "num_threads"),
+}
+
+
+@pytest.fixture
+def binding_spy(monkeypatch):
+    """Records (name, {parameter: argument}) for each binding call: the memory mha reads and writes."""
+    from mha import _mha
+    calls = []
+    for name, parameters in _BINDING_PARAMETERS.items():
+        real = getattr(_mha, name)
+        # The order is the binding's own: its signature (first line of the docstring) names them.
+        signature = real.__doc__.splitlines()[0]
+        assert [p for p in re.findall(r"(\w+): ", signature) if p in parameters] == list(parameters), signature
+
+        def spy(*arguments, real=real, name=name, parameters=parameters):
+            calls.append((name, dict(zip(parameters, arguments, strict=True))))
+            return real(*arguments)
+        monkeypatch.setattr(_mha, name, spy)
+    return calls

@@ -228,20 +228,6 @@ def address(a):
     return a.__array_interface__["data"][0]
 
 
-@pytest.fixture
-def binding_spy(monkeypatch):
-    """Records the arrays each binding call receives (the memory mha reads and writes)."""
-    calls = []
-    for name in ("sdpa_forward", "sdpa_backward"):
-        real = getattr(_mha, name)
-
-        def spy(real=real, name=name, **arguments):
-            calls.append((name, arguments))
-            return real(**arguments)
-        monkeypatch.setattr(_mha, name, spy)
-    return calls
-
-
 def test_inputs_that_mha_can_view_are_not_copied(binding_spy):
     q, k, v = randn(2, 3, 4, 8), randn(2, 3, 6, 8, seed=1), randn(2, 3, 6, 8, seed=2)
     strided_q = randn(2, 4, 3, 8, seed=3).transpose(0, 2, 1, 3)  # (B, L, H, D) memory
