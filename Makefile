@@ -6,7 +6,8 @@
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
-#   make demo   deps + build + a tour of three examples (scripts/demo.sh); pictures in build/demo/
+#   make demo   deps + build + the Python package + a tour of four examples (scripts/demo.sh);
+#               pictures in build/demo/
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
 #               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py)
 #   make clean  remove build/
@@ -70,7 +71,7 @@ fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh $(FUZZ_TARGETS)
 
 demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
-demo: deps build
+demo: deps build python-package
 	./scripts/demo.sh $(BUILD_DIR)
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
