@@ -10,12 +10,14 @@ namespace {
 
 // Leading dimensions of x flattened: x is (rows, in).
 template <class T>
-int64_t check_input(const Tensor<T>& x, int64_t in_features, const std::string& what) {
+int64_t check_input(const View<const T>& x, int64_t in_features, const std::string& what) {
   check(x.defined(), what, ": input: expected a tensor of shape (..., ", in_features,
         "), got an undefined (default-constructed) tensor");
+  check(x.contiguous(), what, ": input: expected contiguous (row-major) memory, got shape ", to_string(x.shape()),
+        " with strides ", to_string(x.strides()));
   check(x.dim() >= 1, what, ": input: expected a tensor of rank >= 1 with last dimension ",
         in_features, " (in_features), got shape ", to_string(x.shape()));
-  check(x.size(-1) == in_features, what, ": input: expected last dimension ", in_features,
+  check(x.size(x.dim() - 1) == in_features, what, ": input: expected last dimension ", in_features,
         " (in_features), got shape ", to_string(x.shape()));
   return in_features == 0 ? checked_numel(Shape(x.shape().begin(), x.shape().end() - 1))
                           : x.numel() / in_features;
@@ -30,8 +32,14 @@ void check_view(WeightView<T> weight, const std::string& what) {
         " values, got nullptr");
 }
 
+// A tensor as a view; an undefined tensor as an undefined view, which check_input names.
 template <class T>
-Shape output_shape(const Tensor<T>& x, int64_t out_features) {
+View<const T> input_view(const Tensor<T>& x) {
+  return x.defined() ? View<const T>(x) : View<const T>();
+}
+
+template <class T>
+Shape output_shape(const View<const T>& x, int64_t out_features) {
   Shape s = x.shape();
   s.back() = out_features;
   return s;
@@ -59,8 +67,8 @@ WeightView<T> weight_rows(const Tensor<T>& weight, int64_t row_begin, int64_t ro
 }
 
 template <class T>
-Tensor<T> linear_forward(const Tensor<T>& x, WeightView<T> weight,
-                         const std::type_identity_t<T>* bias, const std::string& what) {
+Tensor<T> linear_forward(View<const T> x, WeightView<T> weight, const std::type_identity_t<T>* bias,
+                         const std::string& what) {
   check_view(weight, what);
   const int64_t rows = check_input(x, weight.cols, what);
   const int64_t in = weight.cols;
@@ -80,7 +88,7 @@ Tensor<T> linear_forward(const Tensor<T>& x, WeightView<T> weight,
 }
 
 template <class T>
-Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor<T>& grad_y,
+Tensor<T> linear_backward(View<const T> x, WeightView<T> weight, View<const T> grad_y,
                           std::type_identity_t<T>* grad_weight, std::type_identity_t<T>* grad_bias,
                           const std::string& what) {
   check_view(weight, what);
@@ -90,6 +98,8 @@ Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor
   check(grad_y.defined(), what, ": grad_output: expected shape ", to_string(output_shape(x, out)),
         ", got an undefined tensor");
   check_shape(grad_y.shape(), output_shape(x, out), what + ": grad_output");
+  check(grad_y.contiguous(), what, ": grad_output: expected contiguous (row-major) memory, got strides ",
+        to_string(grad_y.strides()));
 
   Tensor<T> grad_x(x.shape());
   if (in > 0 && out > 0) {
@@ -112,6 +122,19 @@ Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor
     for (int64_t o = 0; o < out; ++o) grad_bias[o] += static_cast<T>(sum[static_cast<size_t>(o)]);
   }
   return grad_x;
+}
+
+template <class T>
+Tensor<T> linear_forward(const Tensor<T>& x, WeightView<T> weight, const std::type_identity_t<T>* bias,
+                         const std::string& what) {
+  return linear_forward<T>(input_view(x), weight, bias, what);
+}
+
+template <class T>
+Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor<T>& grad_y,
+                          std::type_identity_t<T>* grad_weight, std::type_identity_t<T>* grad_bias,
+                          const std::string& what) {
+  return linear_backward<T>(input_view(x), weight, input_view(grad_y), grad_weight, grad_bias, what);
 }
 
 template <class T>
@@ -199,6 +222,9 @@ std::vector<Parameter<T>> Linear<T>::parameters() {
 #define MHA_INSTANTIATE(T)                                                                      \
   template WeightView<T> weight_view(const Tensor<T>&, const std::string&);                     \
   template WeightView<T> weight_rows(const Tensor<T>&, int64_t, int64_t, const std::string&);   \
+  template Tensor<T> linear_forward(View<const T>, WeightView<T>, const T*, const std::string&);  \
+  template Tensor<T> linear_backward(View<const T>, WeightView<T>, View<const T>, T*, T*,       \
+                                     const std::string&);                                       \
   template Tensor<T> linear_forward(const Tensor<T>&, WeightView<T>, const T*,                  \
                                     const std::string&);                                        \
   template Tensor<T> linear_backward(const Tensor<T>&, WeightView<T>, const Tensor<T>&, T*, T*, \

@@ -1,13 +1,17 @@
 // The module follows torch.nn.functional.multi_head_attention_forward step by step:
 // layout → masks → input projections → add_bias_kv → split heads → add_zero_attn → attention
-// → merge heads → out_proj (splitting and merging heads are views, not copies). backward walks the same steps in reverse. All of PyTorch's mask
-// handling, spread over that function, is gathered in canonical_masks, which forward calls once.
+// → merge heads → out_proj (splitting and merging heads are views, not copies); backward walks
+// the same steps in reverse. Both are free functions on parameter views
+// (multihead_attention_forward / _backward), which the module calls with views of its own
+// tensors and the Python binding with views of torch's, so there is one implementation. All of
+// PyTorch's mask handling, spread over that function, is gathered in multihead_attention_masks.
 #include "mha/nn/multihead_attention.h"
 
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "mha/nn/linear.h"
 
@@ -23,12 +27,63 @@ View<T> heads_view(T* data, int64_t n, int64_t len, int64_t heads, int64_t head_
   return View<T>(data, {n, heads, len, head_dim}, {len * heads * head_dim, head_dim, heads * head_dim, 1});
 }
 template <class T>
-View<const T> heads_view(const Tensor<T>& x, int64_t heads) {
+View<T> heads_view(const View<T>& x, int64_t heads) {
   return heads_view(x.data(), x.size(0), x.size(1), heads, x.size(2) / heads);
 }
 template <class T>
+View<const T> heads_view(const Tensor<T>& x, int64_t heads) {
+  return heads_view(View<const T>(x), heads);
+}
+template <class T>
 View<T> heads_view(Tensor<T>& x, int64_t heads) {
-  return heads_view(x.data(), x.size(0), x.size(1), heads, x.size(2) / heads);
+  return heads_view(View<T>(x), heads);
+}
+
+// A tensor as a view; an undefined tensor (an absent parameter) as an undefined view.
+template <class T>
+View<const T> view_of(const Tensor<T>& x) {
+  return x.defined() ? View<const T>(x) : View<const T>();
+}
+template <class T>
+View<T> mutable_view_of(Tensor<T>& x) {
+  return x.defined() ? View<T>(x) : View<T>();
+}
+template <class T>
+View<const T> view_of(const std::optional<Tensor<T>>& x) {
+  return x ? View<const T>(*x) : View<const T>();
+}
+
+// x in the caller's layout, seen batch-first (N, L, ·): the caller's memory itself when it is
+// batch-first or unbatched (then N = 1), else a transposed copy of (L, N, ·).
+template <class T>
+struct BatchFirst {
+  std::optional<Tensor<T>> copy;
+  View<const T> view;
+};
+
+template <class T>
+BatchFirst<T> batch_first_input(View<const T> x, bool unbatched, bool batch_first) {
+  BatchFirst<T> out;
+  if (unbatched) {
+    out.view = View<const T>(x.data(), {1, x.size(0), x.size(1)});
+  } else if (batch_first) {
+    out.view = x;
+  } else {
+    const int64_t len = x.size(0), n = x.size(1), width = x.size(2);
+    out.copy = Tensor<T>({n, len, width});
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t b = 0; b < n; ++b)
+        std::copy_n(x.data() + (i * n + b) * width, width, out.copy->data() + (b * len + i) * width);
+    out.view = View<const T>(*out.copy);
+  }
+  return out;
+}
+
+// (N, L, ·) back to the caller's layout.
+template <class T>
+Tensor<T> to_caller_layout(Tensor<T> x, bool unbatched, bool batch_first) {
+  if (unbatched) return std::move(x).reshape({x.size(1), x.size(2)});
+  return batch_first ? std::move(x) : permute(x, {1, 0, 2});
 }
 
 // Appends `rows` (N, 1, E)-broadcast rows along dim 1: (N, S, E) → (N, S+1, E).
@@ -96,23 +151,117 @@ Mask<T> reshape_mask(const Mask<T>& m, const Shape& shape) {
   return std::visit([&](const auto& t) -> Mask<T> { return t.reshape(shape); }, m);
 }
 
-// The masks as the attention core takes them: at most one bool mask, in the core's polarity
-// (true = may attend), and one float mask added to the scores, each rank 4 (N|1, H|1, L|1, S')
-// with S' counting the add_bias_kv / add_zero_attn columns; plus the causality the is_causal
-// hint turns into.
+
+// One parameter against what the options say: given with `shape` exactly when `expected`
+// (`why` says which option decides), contiguous.
 template <class T>
-struct CoreMasks {
-  std::optional<Tensor<bool>> attend_mask;
-  std::optional<Tensor<T>> additive_mask;
-  Causal causal = Causal::none;
-};
+void check_parameter(const char* what, const char* name, const View<T>& w, bool expected, const Shape& shape,
+                     const char* why) {
+  if (!expected) {
+    check(!w.defined(), "MultiheadAttention: ", what, name, ": expected none (", why, "), got shape ",
+          to_string(w.shape()));
+    return;
+  }
+  check(w.defined(), "MultiheadAttention: ", what, name, ": expected shape ", to_string(shape), " (", why,
+        "), got none");
+  if (w.shape() != shape) check_shape(w.shape(), shape, std::string("MultiheadAttention: ") + what + name);
+  check(w.contiguous(), "MultiheadAttention: ", what, name, ": expected contiguous (row-major) memory, got strides ",
+        to_string(w.strides()), " for shape ", to_string(w.shape()));
+}
+
+// Calls f(name, weight, gradient-or-weight, expected, shape, why) for each parameter in
+// state_dict order; `W` is MultiheadAttentionWeights or MultiheadAttentionWeightGradients.
+template <class W, class F>
+void for_each_parameter(const MultiheadAttentionOptions& o, const W& w, F f) {
+  const int64_t e = o.embed_dim;
+  const bool packed = *o.kdim == e && *o.vdim == e;
+  const char* packed_why = packed ? "kdim == vdim == embed_dim: one packed in_proj_weight"
+                                  : "kdim or vdim differs from embed_dim: separate q/k/v_proj_weight";
+  const char* bias_why = o.bias ? "bias=true" : "bias=false";
+  const char* bias_kv_why = o.add_bias_kv ? "add_bias_kv=true" : "add_bias_kv=false";
+  f("in_proj_weight", w.in_proj_weight, packed, Shape{3 * e, e}, packed_why);
+  f("q_proj_weight", w.q_proj_weight, !packed, Shape{e, e}, packed_why);
+  f("k_proj_weight", w.k_proj_weight, !packed, Shape{e, *o.kdim}, packed_why);
+  f("v_proj_weight", w.v_proj_weight, !packed, Shape{e, *o.vdim}, packed_why);
+  f("in_proj_bias", w.in_proj_bias, o.bias, Shape{3 * e}, bias_why);
+  f("bias_k", w.bias_k, o.add_bias_kv, Shape{1, 1, e}, bias_kv_why);
+  f("bias_v", w.bias_v, o.add_bias_kv, Shape{1, 1, e}, bias_kv_why);
+  f("out_proj_weight", w.out_proj_weight, true, Shape{e, e}, "always");
+  f("out_proj_bias", w.out_proj_bias, o.bias, Shape{e}, bias_why);
+}
+
+template <class T>
+void check_weights(const MultiheadAttentionOptions& o, const MultiheadAttentionWeights<T>& w) {
+  for_each_parameter(o, w, [](const char* name, const View<const T>& p, bool expected, const Shape& shape,
+                              const char* why) { check_parameter("weights: ", name, p, expected, shape, why); });
+}
+
+// A gradient may be absent (not computed); a given one has its weight's shape and overlaps no
+// other gradient (each is added into).
+template <class T>
+void check_gradients(const MultiheadAttentionOptions& o, const MultiheadAttentionWeightGradients<T>& g) {
+  std::vector<std::pair<const char*, View<T>>> given;
+  for_each_parameter(o, g, [&](const char* name, const View<T>& p, bool expected, const Shape& shape,
+                               const char* why) {
+    if (!p.defined()) return;
+    check_parameter("grads: ", name, p, expected, shape, why);
+    for (const auto& [other, q] : given)
+      check(!ranges_overlap(p, q), "MultiheadAttention: grads: ", name, " and ", other,
+            ": expected separate memory (each gradient is added into), got overlapping views");
+    given.emplace_back(name, p);
+  });
+}
+
+// The input projection for which = 0 (q), 1 (k), 2 (v): rows [E·which, E·(which+1)) of the
+// packed in_proj_weight, or the separate weight; and where its gradient is added (nullptr: not
+// computed).
+template <class T>
+WeightView<T> projection_weight(const MultiheadAttentionOptions& o, const MultiheadAttentionWeights<T>& w,
+                                int which) {
+  const int64_t e = o.embed_dim;
+  if (w.in_proj_weight.defined()) return {w.in_proj_weight.data() + which * e * e, e, e};
+  const View<const T>* separate[3] = {&w.q_proj_weight, &w.k_proj_weight, &w.v_proj_weight};
+  return {separate[which]->data(), e, separate[which]->size(1)};
+}
+
+template <class T>
+T* projection_weight_grad(const MultiheadAttentionOptions& o, const MultiheadAttentionWeightGradients<T>& g,
+                          int which) {
+  const int64_t e = o.embed_dim;
+  if (g.in_proj_weight.defined()) return g.in_proj_weight.data() + which * e * e;
+  const View<T>* separate[3] = {&g.q_proj_weight, &g.k_proj_weight, &g.v_proj_weight};
+  return separate[which]->defined() ? separate[which]->data() : nullptr;
+}
+
+// A view's memory (from `offset` on), nullptr when the view is undefined (absent).
+template <class V>
+auto data_or_null(const V& x, int64_t offset = 0) -> decltype(x.data()) {
+  return x.defined() ? x.data() + offset : nullptr;
+}
+
+// The attention core's options for the masks, causality and dropout forward ran with, so that
+// backward runs the core on exactly what forward ran.
+template <class T>
+attention::Options<T> core_options(View<const bool> attend_mask, View<const T> additive_mask, Causal causal,
+                                   double dropout_p, uint64_t dropout_seed, attention::Backend backend) {
+  attention::Options<T> opt;
+  opt.attend_mask = attend_mask;
+  opt.additive_mask = additive_mask;
+  opt.causal = causal;
+  opt.dropout_p = dropout_p;
+  opt.dropout_seed = dropout_seed;
+  opt.backend = backend;
+  return opt;
+}
+
+}  // namespace
 
 // Everything multi_head_attention_forward does to attn_mask and key_padding_mask, in one place
-// (PyTorch spreads it over the function). query is (N, L, ·) and key (N, S, ·) after the layout
-// step; `unbatched`: the masks come without N (key_padding_mask (S), attn_mask (num_heads, L, S)).
+// (PyTorch spreads it over the function).
 template <class T>
-CoreMasks<T> canonical_masks(const MultiheadAttentionArgs<T>& args, const MultiheadAttentionOptions& options,
-                             int64_t n, int64_t len, int64_t src_len, bool unbatched) {
+MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOptions& options,
+                                                     const MultiheadAttentionArgs<T>& args, int64_t n, int64_t len,
+                                                     int64_t src_len, bool unbatched) {
   const int64_t heads = options.num_heads;
 
   // 1. Check against the shapes PyTorch accepts, and bring to rank 4 (N|1, H|1, L|1, S).
@@ -141,7 +290,7 @@ CoreMasks<T> canonical_masks(const MultiheadAttentionArgs<T>& args, const Multih
 
   // 2. The is_causal hint. PyTorch: with need_weights=false and no key padding mask, it replaces
   // the attention mask by SDPA's top-left causal mask; otherwise the mask itself is used.
-  CoreMasks<T> out;
+  MultiheadAttentionMasks<T> out;
   if (args.is_causal && !padding_mask && !args.need_weights) {
     out.causal = Causal::top_left;
     attn_mask.reset();
@@ -176,19 +325,8 @@ CoreMasks<T> canonical_masks(const MultiheadAttentionArgs<T>& args, const Multih
   return out;
 }
 
-// The attention core's options for what forward chose and saved in the cache (masks, causality,
-// dropout), so that backward runs the core on exactly what forward ran.
-template <class T>
-attention::Options<T> core_options(const MultiheadAttentionCache<T>& c, attention::Backend backend) {
-  attention::Options<T> opt;
-  if (c.attend_mask) opt.attend_mask = *c.attend_mask;
-  if (c.additive_mask) opt.additive_mask = *c.additive_mask;
-  opt.causal = c.causal;
-  opt.dropout_p = c.dropout_p;
-  opt.dropout_seed = c.dropout_seed;
-  opt.backend = backend;
-  return opt;
-}
+
+namespace {
 
 // (N, H, L, S) → (N, L, S): the mean over heads (average_attn_weights).
 template <class T>
@@ -204,24 +342,31 @@ Tensor<T> mean_over_heads(const Tensor<T>& w) {
 
 }  // namespace
 
-template <class T>
-MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
-    : options_(options), generator_(seed) {
-  const int64_t e = options_.embed_dim, h = options_.num_heads;
+MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options) {
+  const int64_t e = options.embed_dim, h = options.num_heads;
   check(h > 0, "MultiheadAttention: num_heads: expected > 0, got ", h);
   check(e % h == 0, "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim ", e,
         " and num_heads ", h);
-  check(std::isfinite(options_.dropout) && options_.dropout >= 0.0 && options_.dropout <= 1.0,
-        "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options_.dropout);
-  if (!options_.kdim) options_.kdim = e;
-  if (!options_.vdim) options_.vdim = e;
+  check(std::isfinite(options.dropout) && options.dropout >= 0.0 && options.dropout <= 1.0,
+        "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options.dropout);
+  if (!options.kdim) options.kdim = e;
+  if (!options.vdim) options.vdim = e;
   // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps
   // 3·embed_dim and every weight size far from int64 overflow.
   constexpr int64_t kMaxWidth = std::numeric_limits<int>::max() / 3;
-  for (auto [name, width] : {std::pair<const char*, int64_t>{"embed_dim", e}, {"kdim", *options_.kdim},
-                             {"vdim", *options_.vdim}})
+  for (auto [name, width] : {std::pair<const char*, int64_t>{"embed_dim", e}, {"kdim", *options.kdim},
+                             {"vdim", *options.vdim}})
     check(width > 0 && width <= kMaxWidth, "MultiheadAttention: ", name, ": expected 1 to ", kMaxWidth, ", got ",
           width);
+
+  return options;
+}
+
+template <class T>
+MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
+    : generator_(seed) {
+  options_ = resolved_options(options);
+  const int64_t e = options_.embed_dim;
 
   // PyTorch's _reset_parameters: xavier_uniform_ over the whole packed (3E, E) matrix (or each
   // separate weight), zero biases, out_proj.weight with nn.Linear's default
@@ -275,28 +420,20 @@ std::vector<Parameter<T>> MultiheadAttention<T>::parameters() {
   return out;
 }
 
-template <class T>
-WeightView<T> MultiheadAttention<T>::projection_weight(int which) const {
-  const int64_t e = options_.embed_dim;
-  if (packed_in_projection()) return weight_rows(in_proj_weight_.value, which * e, e);
-  const Param* separate[3] = {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_};
-  return weight_view(separate[which]->value);
-}
 
 template <class T>
-T* MultiheadAttention<T>::projection_weight_grad(int which) {
-  if (packed_in_projection()) return in_proj_weight_.grad.data() + which * options_.embed_dim * options_.embed_dim;
-  Param* separate[3] = {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_};
-  return separate[which]->grad.data();
-}
-
-template <class T>
-MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
-                                                          const Tensor<T>& value,
-                                                          const MultiheadAttentionArgs<T>& args,
-                                                          MultiheadAttentionCache<T>* cache) {
-  const int64_t e = options_.embed_dim, heads = options_.num_heads;
-  const char* layout = options_.batch_first ? "(N, L, E)" : "(L, N, E)";
+MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttentionOptions& unresolved,
+                                                        const MultiheadAttentionWeights<T>& weights,
+                                                        View<const std::type_identity_t<T>> query,
+                                                        View<const std::type_identity_t<T>> key,
+                                                        View<const std::type_identity_t<T>> value,
+                                                        const MultiheadAttentionArgs<T>& args, bool training,
+                                                        uint64_t dropout_seed, attention::Backend backend,
+                                                        MultiheadAttentionCache<T>* cache) {
+  const MultiheadAttentionOptions options = resolved_options(unresolved);
+  check_weights(options, weights);
+  const int64_t e = options.embed_dim, heads = options.num_heads;
+  const char* layout = options.batch_first ? "(N, L, E)" : "(L, N, E)";
 
   // 1. Layout: everything internal is batch-first (N, L, ·). Unbatched input is (L, ·).
   check(query.dim() == 2 || query.dim() == 3, "query: expected a 3-D tensor ", layout,
@@ -305,52 +442,46 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   check(key.dim() == query.dim() && value.dim() == query.dim(), "key/value: expected ", query.dim(),
         "-D tensors like query ", to_string(query.shape()), ", got key ", to_string(key.shape()),
         " and value ", to_string(value.shape()));
-  // The caller's tensor itself when it is batch-first already (no copy), else a batch-first copy.
-  std::optional<Tensor<T>> copies[3];
-  auto to_internal = [&](const Tensor<T>& x, int which) -> const Tensor<T>& {
-    if (!unbatched && options_.batch_first) return x;
-    copies[which] = unbatched ? unsqueeze(x, 0) : permute(x, {1, 0, 2});
-    return *copies[which];
-  };
-  const Tensor<T>&q_in = to_internal(query, 0), &k_in = to_internal(key, 1), &v_in = to_internal(value, 2);
-  const int64_t n = q_in.size(0), len = q_in.size(1), src_len = k_in.size(1);
-  check(q_in.size(2) == e, "query: expected last dimension embed_dim = ", e, ", got shape ",
+  for (auto [name, x] : {std::pair<const char*, const View<const T>*>{"query", &query}, {"key", &key}, {"value", &value}})
+    check(x->contiguous(), name, ": expected contiguous (row-major) memory, got shape ", to_string(x->shape()),
+          " with strides ", to_string(x->strides()));
+  const BatchFirst<T> q_in = batch_first_input(query, unbatched, options.batch_first);
+  const BatchFirst<T> k_in = batch_first_input(key, unbatched, options.batch_first);
+  const BatchFirst<T> v_in = batch_first_input(value, unbatched, options.batch_first);
+  const int64_t n = q_in.view.size(0), len = q_in.view.size(1), src_len = k_in.view.size(1);
+  check(q_in.view.size(2) == e, "query: expected last dimension embed_dim = ", e, ", got shape ",
         to_string(query.shape()));
-  check(k_in.size(2) == kdim(), "key: expected last dimension kdim = ", kdim(), ", got shape ",
+  check(k_in.view.size(2) == *options.kdim, "key: expected last dimension kdim = ", *options.kdim, ", got shape ",
         to_string(key.shape()));
-  check(v_in.size(2) == vdim(), "value: expected last dimension vdim = ", vdim(), ", got shape ",
+  check(v_in.view.size(2) == *options.vdim, "value: expected last dimension vdim = ", *options.vdim, ", got shape ",
         to_string(value.shape()));
-  check(k_in.size(0) == n && v_in.size(0) == n, "key/value: expected batch size ", n,
+  check(k_in.view.size(0) == n && v_in.view.size(0) == n, "key/value: expected batch size ", n,
         " (from query ", to_string(query.shape()), "), got key ", to_string(key.shape()), " and value ",
         to_string(value.shape()));
-  check(v_in.size(1) == src_len, "value: expected the same sequence length as key (", src_len,
+  check(v_in.view.size(1) == src_len, "value: expected the same sequence length as key (", src_len,
         "), got shape ", to_string(value.shape()));
 
-  // 2. Masks, in the attention core's form (canonical_masks): checked before any work is done,
-  // and already with the key columns that steps 4 and 6 append.
-  MultiheadAttentionCache<T> local;
-  MultiheadAttentionCache<T>& c = cache ? *cache : local;
-  CoreMasks<T> masks = canonical_masks(args, options_, n, len, src_len, unbatched);
-  c.attend_mask = std::move(masks.attend_mask);
-  c.additive_mask = std::move(masks.additive_mask);
-  c.causal = masks.causal;
+  // 2. Masks, in the attention core's form: checked before any work is done, and already with
+  // the key columns that steps 4 and 5 append.
+  MultiheadAttentionMasks<T> masks = multihead_attention_masks(options, args, n, len, src_len, unbatched);
 
   // 3. Input projections.
-  const T* in_bias = options_.bias ? in_proj_bias_.value.data() : nullptr;
-  Tensor<T> q = linear_forward(q_in, projection_weight(0), in_bias, "MultiheadAttention: q projection");
-  Tensor<T> k = linear_forward(k_in, projection_weight(1), in_bias ? in_bias + e : nullptr,
-                               "MultiheadAttention: k projection");
-  Tensor<T> v = linear_forward(v_in, projection_weight(2), in_bias ? in_bias + 2 * e : nullptr,
-                               "MultiheadAttention: v projection");
+  const T* in_bias = data_or_null(weights.in_proj_bias);
+  Tensor<T> q = linear_forward<T>(q_in.view, projection_weight(options, weights, 0), in_bias,
+                                  "MultiheadAttention: q projection");
+  Tensor<T> k = linear_forward<T>(k_in.view, projection_weight(options, weights, 1), in_bias ? in_bias + e : nullptr,
+                                  "MultiheadAttention: k projection");
+  Tensor<T> v = linear_forward<T>(v_in.view, projection_weight(options, weights, 2),
+                                  in_bias ? in_bias + 2 * e : nullptr, "MultiheadAttention: v projection");
 
   // 4. add_bias_kv: one learned key/value appended to the sequence, (N, S, E) → (N, S+1, E).
-  if (options_.add_bias_kv) {
-    k = append_row(k, bias_k_.value.data());
-    v = append_row(v, bias_v_.value.data());
+  if (options.add_bias_kv) {
+    k = append_row(k, weights.bias_k.data());
+    v = append_row(v, weights.bias_v.data());
   }
   // 5. add_zero_attn: a zero key and value appended to every head, which is one zero row of
   // (N, S', E) before the heads are split.
-  if (options_.add_zero_attn) {
+  if (options.add_zero_attn) {
     k = append_row(k, static_cast<const T*>(nullptr));
     v = append_row(v, static_cast<const T*>(nullptr));
   }
@@ -358,44 +489,186 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   // 6–8. Split heads, attention, merge heads: the core reads the projections as (N, H, L, hd)
   // views and writes its output straight into the merged (N, L, E) layout, so neither the split
   // nor the merge copies anything; with need_weights also the weights (N, H, L, S').
-  c.dropout_p = this->is_training() ? options_.dropout : 0.0;
-  c.dropout_seed = c.dropout_p > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
-  attention::Options<T> opt = core_options(c, backend);
+  const double dropout_p = training ? options.dropout : 0.0;
+  if (dropout_p == 0.0) dropout_seed = 0;
+  attention::Options<T> opt = core_options<T>(view_of(masks.attend_mask), view_of(masks.additive_mask), masks.causal,
+                                              dropout_p, dropout_seed, backend);
   opt.need_weights = args.need_weights;
   Tensor<T> merged({n, len, e});
   Tensor<double> logsumexp({n, heads, len});
-  std::optional<Tensor<T>> weights;
-  if (args.need_weights) weights = Tensor<T>({n, heads, len, k.size(1)});
+  std::optional<Tensor<T>> weights_out;
+  if (args.need_weights) weights_out = Tensor<T>({n, heads, len, k.size(1)});
   attention::sdpa_forward_into<T>(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads),
-                                  {heads_view(merged, heads), logsumexp, weights ? View<T>(*weights) : View<T>()}, opt);
+                                  {heads_view(merged, heads), logsumexp, weights_out ? View<T>(*weights_out) : View<T>()},
+                                  opt);
 
   // 9. out_proj, then back to the caller's layout; the weights averaged over heads unless
   // average_attn_weights=false.
-  Tensor<T> out = linear_forward(merged, weight_view(out_proj_weight_.value),
-                                 options_.bias ? out_proj_bias_.value.data() : nullptr, "MultiheadAttention: out_proj");
+  Tensor<T> out = linear_forward<T>(View<const T>(merged), {weights.out_proj_weight.data(), e, e},
+                                    data_or_null(weights.out_proj_bias), "MultiheadAttention: out_proj");
   MultiheadAttentionOutput<T> result;
-  if (unbatched) {
-    result.output = squeeze(out, 0);
-  } else {
-    result.output = options_.batch_first ? std::move(out) : permute(out, {1, 0, 2});
-  }
+  result.output = to_caller_layout(std::move(out), unbatched, options.batch_first);
   if (args.need_weights) {
-    Tensor<T> w = args.average_attn_weights ? mean_over_heads(*weights) : std::move(*weights);
-    result.attn_weights = unbatched ? squeeze(w, 0) : std::move(w);
+    Tensor<T> w = args.average_attn_weights ? mean_over_heads(*weights_out) : std::move(*weights_out);
+    if (unbatched) {
+      Shape shape = w.shape();
+      shape.erase(shape.begin());
+      w = std::move(w).reshape(shape);
+    }
+    result.attn_weights = std::move(w);
   }
 
   if (cache) {
-    // Backward needs the inputs: the batch-first copies, or copies of the caller's tensors.
-    c.query = copies[0] ? std::move(*copies[0]) : q_in;
-    c.key = copies[1] ? std::move(*copies[1]) : k_in;
-    c.value = copies[2] ? std::move(*copies[2]) : v_in;
-    c.q = std::move(q);
-    c.k = std::move(k);
-    c.v = std::move(v);
-    c.logsumexp = std::move(logsumexp);
-    c.merged = std::move(merged);
-    c.unbatched = unbatched;
-    c.batch_first = options_.batch_first;
+    cache->q = std::move(q);
+    cache->k = std::move(k);
+    cache->v = std::move(v);
+    cache->logsumexp = std::move(logsumexp);
+    cache->merged = std::move(merged);
+    cache->masks = std::move(masks);
+    cache->dropout_p = dropout_p;
+    cache->dropout_seed = dropout_seed;
+  }
+  return result;
+}
+
+template <class T>
+MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAttentionOptions& unresolved,
+                                                            const MultiheadAttentionWeights<T>& weights,
+                                                            View<const std::type_identity_t<T>> grad_output,
+                                                            const MultiheadAttentionSaved<T>& saved,
+                                                            const MultiheadAttentionWeightGradients<T>& grads,
+                                                            attention::Backend backend) {
+  const MultiheadAttentionOptions options = resolved_options(unresolved);
+  check_weights(options, weights);
+  check_gradients(options, grads);
+  const int64_t e = options.embed_dim, heads = options.num_heads;
+
+  // What forward saw and computed, checked against each other: the inputs fix N, L and S.
+  for (auto [name, x] : {std::pair<const char*, const View<const T>*>{"query", &saved.query}, {"key", &saved.key},
+                         {"value", &saved.value}, {"q", &saved.q}, {"k", &saved.k}, {"v", &saved.v},
+                         {"merged", &saved.merged}})
+    check(x->defined() && x->contiguous(), "MultiheadAttention backward: saved.", name,
+          ": expected contiguous memory as forward saved it, got ",
+          x->defined() ? "strides " + to_string(x->strides()) + " for shape " + to_string(x->shape()) : "none");
+  check(saved.query.dim() == 2 || saved.query.dim() == 3, "MultiheadAttention backward: saved.query: expected 2-D "
+        "or 3-D, got shape ", to_string(saved.query.shape()));
+  const bool unbatched = saved.query.dim() == 2;
+  check(saved.key.dim() == saved.query.dim() && saved.value.dim() == saved.query.dim(),
+        "MultiheadAttention backward: saved.key/value: expected ", saved.query.dim(), "-D like saved.query, got ",
+        to_string(saved.key.shape()), " and ", to_string(saved.value.shape()));
+  const BatchFirst<T> q_in = batch_first_input(saved.query, unbatched, options.batch_first);
+  const BatchFirst<T> k_in = batch_first_input(saved.key, unbatched, options.batch_first);
+  const BatchFirst<T> v_in = batch_first_input(saved.value, unbatched, options.batch_first);
+  const int64_t n = q_in.view.size(0), len = q_in.view.size(1);
+  const int64_t keys = k_in.view.size(1) + options.add_bias_kv + options.add_zero_attn;
+  check_shape(saved.q.shape(), {n, len, e}, "MultiheadAttention backward: saved.q");
+  check_shape(saved.k.shape(), {n, keys, e}, "MultiheadAttention backward: saved.k");
+  check_shape(saved.v.shape(), {n, keys, e}, "MultiheadAttention backward: saved.v");
+  check_shape(saved.merged.shape(), {n, len, e}, "MultiheadAttention backward: saved.merged");
+  const Shape expected_shape = unbatched ? Shape{len, e} : (options.batch_first ? Shape{n, len, e} : Shape{len, n, e});
+  check_shape(grad_output.shape(), expected_shape, "grad_output");
+  check(grad_output.contiguous(), "grad_output: expected contiguous (row-major) memory, got strides ",
+        to_string(grad_output.strides()));
+  const BatchFirst<T> grad_in = batch_first_input(grad_output, unbatched, options.batch_first);
+
+  // 9. out_proj.
+  Tensor<T> grad_merged = linear_backward<T>(saved.merged, {weights.out_proj_weight.data(), e, e}, grad_in.view,
+                                             data_or_null(grads.out_proj_weight), data_or_null(grads.out_proj_bias),
+                                             "MultiheadAttention: out_proj");
+  // 8–5. Merge heads, attention, split heads, on (N, ·, E) memory seen as heads (as forward),
+  // with the masks, causality and dropout forward used.
+  Tensor<T> grad_q(saved.q.shape()), grad_k(saved.k.shape()), grad_v(saved.v.shape());
+  attention::sdpa_backward_into<T>(heads_view(saved.q, heads), heads_view(saved.k, heads), heads_view(saved.v, heads),
+                                   heads_view(saved.merged, heads), saved.logsumexp, heads_view(grad_merged, heads),
+                                   {heads_view(grad_q, heads), heads_view(grad_k, heads), heads_view(grad_v, heads)},
+                                   core_options<T>(saved.attend_mask, saved.additive_mask, saved.causal,
+                                                   saved.dropout_p, saved.dropout_seed, backend));
+  // 5. add_zero_attn: the zero key/value are constants.
+  if (options.add_zero_attn) {
+    grad_k = drop_last(grad_k, 1);
+    grad_v = drop_last(grad_v, 1);
+  }
+  // 4. add_bias_kv: the appended position's gradient belongs to bias_k / bias_v.
+  if (options.add_bias_kv) {
+    const int64_t s = grad_k.size(1);
+    for (auto [grad, from] : {std::pair<const View<T>*, const Tensor<T>*>{&grads.bias_k, &grad_k}, {&grads.bias_v, &grad_v}}) {
+      if (!grad->defined()) continue;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t d = 0; d < e; ++d) grad->data()[d] += (*from)[(b * s + s - 1) * e + d];
+    }
+    grad_k = drop_last(grad_k, 1);
+    grad_v = drop_last(grad_v, 1);
+  }
+  // 3. Input projections.
+  T* in_bias_grad = data_or_null(grads.in_proj_bias);
+  MultiheadAttentionGradients<T> out;
+  out.grad_query = to_caller_layout(
+      linear_backward<T>(q_in.view, projection_weight(options, weights, 0), View<const T>(grad_q),
+                         projection_weight_grad(options, grads, 0), in_bias_grad, "MultiheadAttention: q projection"),
+      unbatched, options.batch_first);
+  out.grad_key = to_caller_layout(
+      linear_backward<T>(k_in.view, projection_weight(options, weights, 1), View<const T>(grad_k),
+                         projection_weight_grad(options, grads, 1), in_bias_grad ? in_bias_grad + e : nullptr,
+                         "MultiheadAttention: k projection"),
+      unbatched, options.batch_first);
+  out.grad_value = to_caller_layout(
+      linear_backward<T>(v_in.view, projection_weight(options, weights, 2), View<const T>(grad_v),
+                         projection_weight_grad(options, grads, 2), in_bias_grad ? in_bias_grad + 2 * e : nullptr,
+                         "MultiheadAttention: v projection"),
+      unbatched, options.batch_first);
+  return out;
+}
+
+template <class T>
+MultiheadAttentionSaved<T> MultiheadAttentionCache<T>::saved() const {
+  MultiheadAttentionSaved<T> s;
+  s.query = view_of(query);
+  s.key = view_of(key);
+  s.value = view_of(value);
+  s.q = view_of(q);
+  s.k = view_of(k);
+  s.v = view_of(v);
+  s.logsumexp = view_of(logsumexp);
+  s.merged = view_of(merged);
+  s.attend_mask = view_of(masks.attend_mask);
+  s.additive_mask = view_of(masks.additive_mask);
+  s.causal = masks.causal;
+  s.dropout_p = dropout_p;
+  s.dropout_seed = dropout_seed;
+  return s;
+}
+
+template <class T>
+MultiheadAttentionWeights<T> MultiheadAttention<T>::weights() const {
+  return {view_of(in_proj_weight_.value), view_of(q_proj_weight_.value), view_of(k_proj_weight_.value),
+          view_of(v_proj_weight_.value),  view_of(in_proj_bias_.value),  view_of(bias_k_.value),
+          view_of(bias_v_.value),         view_of(out_proj_weight_.value), view_of(out_proj_bias_.value)};
+}
+
+template <class T>
+MultiheadAttentionWeightGradients<T> MultiheadAttention<T>::weight_gradients() {
+  return {mutable_view_of(in_proj_weight_.grad), mutable_view_of(q_proj_weight_.grad),
+          mutable_view_of(k_proj_weight_.grad),  mutable_view_of(v_proj_weight_.grad),
+          mutable_view_of(in_proj_bias_.grad),   mutable_view_of(bias_k_.grad),
+          mutable_view_of(bias_v_.grad),         mutable_view_of(out_proj_weight_.grad),
+          mutable_view_of(out_proj_bias_.grad)};
+}
+
+template <class T>
+MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
+                                                          const Tensor<T>& value,
+                                                          const MultiheadAttentionArgs<T>& args,
+                                                          MultiheadAttentionCache<T>* cache) {
+  const bool training = this->is_training();
+  const uint64_t dropout_seed =
+      training && options_.dropout > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
+  MultiheadAttentionOutput<T> result = multihead_attention_forward<T>(
+      options_, weights(), view_of(query), view_of(key), view_of(value), args, training, dropout_seed, backend, cache);
+  if (cache) {
+    // Backward needs the inputs; the caller may change or free its tensors before then.
+    cache->query = query;
+    cache->key = key;
+    cache->value = value;
   }
   return result;
 }
@@ -403,61 +676,27 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
 template <class T>
 MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& grad_output,
                                                                const MultiheadAttentionCache<T>& c) {
-  const int64_t e = options_.embed_dim, heads = options_.num_heads;
   check(c.query.defined(), "MultiheadAttention::backward: cache: expected the cache filled by forward, "
         "got an empty cache");
-  const int64_t n = c.query.size(0), len = c.query.size(1);
-  const Shape expected_shape = c.unbatched ? Shape{len, e} : (c.batch_first ? Shape{n, len, e} : Shape{len, n, e});
-  check_shape(grad_output.shape(), expected_shape, "grad_output");
-  auto to_internal = [&](const Tensor<T>& x) {
-    if (c.unbatched) return unsqueeze(x, 0);
-    return c.batch_first ? x : permute(x, {1, 0, 2});
-  };
-  auto to_user = [&](Tensor<T> x) {
-    if (c.unbatched) return squeeze(x, 0);
-    return c.batch_first ? x : permute(x, {1, 0, 2});
-  };
-
-  // 9. out_proj.
-  Tensor<T> grad_merged = linear_backward(c.merged, weight_view(out_proj_weight_.value), to_internal(grad_output),
-                                          out_proj_weight_.grad.data(),
-                                          options_.bias ? out_proj_bias_.grad.data() : nullptr);
-  // 8–5. Merge heads, attention, split heads, on (N, ·, E) memory seen as heads (as forward),
-  // with the masks, causality and dropout forward used.
-  Tensor<T> grad_q(c.q.shape()), grad_k(c.k.shape()), grad_v(c.v.shape());
-  attention::sdpa_backward_into<T>(heads_view(c.q, heads), heads_view(c.k, heads), heads_view(c.v, heads),
-                                   heads_view(c.merged, heads), c.logsumexp, heads_view(grad_merged, heads),
-                                   {heads_view(grad_q, heads), heads_view(grad_k, heads), heads_view(grad_v, heads)},
-                                   core_options(c, backend));
-  // 5. add_zero_attn: the zero key/value are constants.
-  if (options_.add_zero_attn) {
-    grad_k = drop_last(grad_k, 1);
-    grad_v = drop_last(grad_v, 1);
-  }
-  // 4. add_bias_kv: the appended position's gradient belongs to bias_k / bias_v.
-  if (options_.add_bias_kv) {
-    const int64_t s = grad_k.size(1);
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t d = 0; d < e; ++d) {
-        bias_k_.grad[d] += grad_k[(b * s + s - 1) * e + d];
-        bias_v_.grad[d] += grad_v[(b * s + s - 1) * e + d];
-      }
-    grad_k = drop_last(grad_k, 1);
-    grad_v = drop_last(grad_v, 1);
-  }
-  // 3. Input projections.
-  T* in_bias_grad = options_.bias ? in_proj_bias_.grad.data() : nullptr;
-  MultiheadAttentionGradients<T> out;
-  out.grad_query = to_user(linear_backward(c.query, projection_weight(0), grad_q, projection_weight_grad(0),
-                                           in_bias_grad));
-  out.grad_key = to_user(linear_backward(c.key, projection_weight(1), grad_k, projection_weight_grad(1),
-                                         in_bias_grad ? in_bias_grad + e : nullptr));
-  out.grad_value = to_user(linear_backward(c.value, projection_weight(2), grad_v, projection_weight_grad(2),
-                                           in_bias_grad ? in_bias_grad + 2 * e : nullptr));
-  return out;
+  return multihead_attention_backward<T>(options_, weights(), view_of(grad_output), c.saved(), weight_gradients(),
+                                         backend);
 }
 
-template class MultiheadAttention<float>;
-template class MultiheadAttention<double>;
+#define MHA_INSTANTIATE(T)                                                                                          \
+  template MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOptions&,                  \
+                                                                const MultiheadAttentionArgs<T>&, int64_t, int64_t, \
+                                                                int64_t, bool);                                     \
+  template MultiheadAttentionOutput<T> multihead_attention_forward(                                                 \
+      const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>, View<const T>,           \
+      View<const T>, const MultiheadAttentionArgs<T>&, bool, uint64_t, attention::Backend,                          \
+      MultiheadAttentionCache<T>*);                                                                                 \
+  template MultiheadAttentionGradients<T> multihead_attention_backward(                                             \
+      const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>,                         \
+      const MultiheadAttentionSaved<T>&, const MultiheadAttentionWeightGradients<T>&, attention::Backend);          \
+  template struct MultiheadAttentionCache<T>;                                                                       \
+  template class MultiheadAttention<T>;
+MHA_INSTANTIATE(float)
+MHA_INSTANTIATE(double)
+#undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

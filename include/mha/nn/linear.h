@@ -23,6 +23,7 @@
 
 #include "mha/core/random.h"
 #include "mha/core/tensor.h"
+#include "mha/core/view.h"
 #include "mha/nn/module.h"
 
 namespace mha::nn {
@@ -55,6 +56,15 @@ Tensor<T> linear_forward(const Tensor<T>& x, WeightView<T> weight,
 // dimensions into grad_bias (rows values) when they are non-null.
 template <class T>
 Tensor<T> linear_backward(const Tensor<T>& x, WeightView<T> weight, const Tensor<T>& grad_y,
+                          std::type_identity_t<T>* grad_weight, std::type_identity_t<T>* grad_bias,
+                          const std::string& what = "linear");
+
+// The same two on memory the caller owns: x and grad_y contiguous (row-major) views.
+template <class T>
+Tensor<T> linear_forward(View<const T> x, WeightView<T> weight, const std::type_identity_t<T>* bias,
+                         const std::string& what = "linear");
+template <class T>
+Tensor<T> linear_backward(View<const T> x, WeightView<T> weight, View<const T> grad_y,
                           std::type_identity_t<T>* grad_weight, std::type_identity_t<T>* grad_bias,
                           const std::string& what = "linear");
 

@@ -13,6 +13,7 @@
 // need_weights=True path returns NaN for such rows (pytorch/pytorch#41508, #152028).
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <variant>
 
 #include "mha/attention/attention.h"
@@ -55,27 +56,117 @@ struct MultiheadAttentionOutput {
   std::optional<Tensor<T>> attn_weights;  // (N, L, S) averaged or (N, H, L, S); no N unbatched
 };
 
-// Everything backward needs, saved by forward.
+// The parameters, as views of memory the caller owns (a MultiheadAttention's tensors, torch's
+// nn.Parameters), each contiguous and named and shaped as in PyTorch's state_dict
+// (E = embed_dim). Which are given follows the options, and the functions below check it:
+//   in_proj_weight (3E, E)                     when kdim == vdim == E (packed), else undefined
+//   q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim)
+//                                              when not packed, else undefined
+//   in_proj_bias (3E), out_proj_bias (E)       exactly when options.bias
+//   bias_k, bias_v (1, 1, E)                   exactly when options.add_bias_kv
+//   out_proj_weight (E, E)                     always
+template <class T>
+struct MultiheadAttentionWeights {
+  View<const T> in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight;
+  View<const T> in_proj_bias, bias_k, bias_v;
+  View<const T> out_proj_weight, out_proj_bias;
+};
+
+// Where backward ADDS the parameter gradients: views of the weights' shapes, contiguous, no two
+// overlapping. Any may be left undefined (that gradient is not computed); a defined one must
+// belong to a given weight.
+template <class T>
+struct MultiheadAttentionWeightGradients {
+  View<T> in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight;
+  View<T> in_proj_bias, bias_k, bias_v;
+  View<T> out_proj_weight, out_proj_bias;
+};
+
+// The masks as the attention core takes them, for the forward's query (N, L, ·) and key
+// (N, S, ·) shapes: at most one bool mask in the core's polarity (true = may attend) and one
+// float mask added to the scores, each rank 4 (N|1, H|1, L|1, S') with S' counting the
+// add_bias_kv / add_zero_attn columns; plus the causality the is_causal hint turns into.
+template <class T>
+struct MultiheadAttentionMasks {
+  std::optional<Tensor<bool>> attend_mask;
+  std::optional<Tensor<T>> additive_mask;
+  attention::Causal causal = attention::Causal::none;
+};
+
+// What backward reads, as views: the forward's inputs in the caller's layout, what the forward
+// computed (its cache), and the masks, causality and dropout it ran with. Views let a caller
+// that keeps these itself (the Python binding: in torch tensors) run backward without copies.
+template <class T>
+struct MultiheadAttentionSaved {
+  View<const T> query, key, value;  // as passed to forward, contiguous
+  View<const T> q, k, v;            // projections (N, L, E) and (N, S', E), S' counting appended keys
+  View<const double> logsumexp;     // (N, H, L)
+  View<const T> merged;             // the attention's output, heads merged, (N, L, E)
+  View<const bool> attend_mask;     // MultiheadAttentionMasks' (undefined when absent)
+  View<const T> additive_mask;
+  attention::Causal causal = attention::Causal::none;
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+};
+
+// What forward computes for backward (the module keeps it; the free forward fills it).
 template <class T>
 struct MultiheadAttentionCache {
-  Tensor<T> query, key, value;  // inputs, batch-first (N, L, ·)
+  Tensor<T> query, key, value;  // copies of the inputs; filled by MultiheadAttention::forward only
   Tensor<T> q, k, v;            // projections (N, L, E) and (N, S', E), S' counting appended keys;
                                 // the attention core reads them as heads (N, H, ·, hd) in place
   Tensor<double> logsumexp;     // (N, H, L)
   Tensor<T> merged;             // the attention's output, heads merged, (N, L, E): out_proj's input
-  std::optional<Tensor<bool>> attend_mask;
-  std::optional<Tensor<T>> additive_mask;
-  attention::Causal causal = attention::Causal::none;
+  MultiheadAttentionMasks<T> masks;
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
-  bool unbatched = false;
-  bool batch_first = false;
+
+  // Views of all of it (query, key, value included: this cache must be the module's).
+  MultiheadAttentionSaved<T> saved() const;
 };
 
 template <class T>
 struct MultiheadAttentionGradients {
   Tensor<T> grad_query, grad_key, grad_value;  // same shapes as the inputs
 };
+
+// Checks the options (num_heads, divisibility, dropout, widths) and fills kdim and vdim in;
+// throws mha::Error naming the option.
+MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options);
+
+// Everything multi_head_attention_forward does to attn_mask and key_padding_mask, checked
+// against the batch-first shapes query (N, L, ·), key (N, S, ·); `unbatched`: the masks come
+// without N (key_padding_mask (S), attn_mask (num_heads, L, S)).
+template <class T>
+MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOptions& options,
+                                                     const MultiheadAttentionArgs<T>& args, int64_t n, int64_t len,
+                                                     int64_t src_len, bool unbatched);
+
+// The module's computation on parameters the caller owns; MultiheadAttention's forward and
+// backward are these on views of its own tensors. Inputs are contiguous views in the layout of
+// the options (batch_first or not, or unbatched 2-D). In training, dropout is options.dropout
+// with mask seed `dropout_seed`; otherwise none. `cache` (optional) receives what backward needs
+// except the inputs, which the caller keeps.
+template <class T>
+MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttentionOptions& options,
+                                                        const MultiheadAttentionWeights<T>& weights,
+                                                        View<const std::type_identity_t<T>> query,
+                                                        View<const std::type_identity_t<T>> key,
+                                                        View<const std::type_identity_t<T>> value,
+                                                        const MultiheadAttentionArgs<T>& args, bool training,
+                                                        uint64_t dropout_seed,
+                                                        attention::Backend backend = attention::Backend::automatic,
+                                                        MultiheadAttentionCache<T>* cache = nullptr);
+
+// Gradients of sum(output ∘ grad_output) for query, key and value (returned), and for the
+// parameters (added into `grads`). `options`, `weights` and `backend` must be the forward's.
+template <class T>
+MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAttentionOptions& options,
+                                                            const MultiheadAttentionWeights<T>& weights,
+                                                            View<const std::type_identity_t<T>> grad_output,
+                                                            const MultiheadAttentionSaved<T>& saved,
+                                                            const MultiheadAttentionWeightGradients<T>& grads,
+                                                            attention::Backend backend = attention::Backend::automatic);
 
 template <class T>
 class MultiheadAttention : public Module<T> {
@@ -110,10 +201,8 @@ class MultiheadAttention : public Module<T> {
   struct Param {
     Tensor<T> value, grad;
   };
-  // The input projection for which = 0 (q), 1 (k), 2 (v): rows [E·which, E·(which+1)) of the
-  // packed in_proj_weight, or the separate weight.
-  WeightView<T> projection_weight(int which) const;
-  T* projection_weight_grad(int which);
+  MultiheadAttentionWeights<T> weights() const;
+  MultiheadAttentionWeightGradients<T> weight_gradients();
 
   MultiheadAttentionOptions options_;
   Generator generator_;
