@@ -1,20 +1,23 @@
-"""mha for PyTorch: scaled dot-product attention as torch operators, with autograd and torch.compile.
+"""mha for PyTorch: scaled dot-product attention and nn.MultiheadAttention as torch operators,
+with autograd and torch.compile.
 
     import torch, mha.torch
     out = mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's signature
-    with mha.torch.patch():            # torch.nn.functional.scaled_dot_product_attention is mha's
+    attention = mha.torch.MultiheadAttention(512, 8, batch_first=True)     # an nn.MultiheadAttention
+    with mha.torch.patch():            # F.scaled_dot_product_attention and nn.MultiheadAttention are mha's
         model(x)
 
 The forward and backward are operators registered with torch.library.custom_op
-(torch.ops.mha.sdpa_forward, torch.ops.mha.sdpa_backward), each with a fake (shape-only) kernel
-and the forward with an autograd formula, so autograd works and torch.compile(fullgraph=True)
+(torch.ops.mha.sdpa_forward / sdpa_backward, torch.ops.mha.multihead_attention_forward /
+multihead_attention_backward), each with a fake (shape-only) kernel and the forwards with an
+autograd formula, so autograd works and torch.compile(fullgraph=True)
 keeps them in one graph. They run mha's C++ kernels on the tensors' own memory: a CPU tensor is
 viewed as a numpy array (Tensor.numpy(), no copy) and goes through the same code as the numpy
 API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
 
 Inputs mha does not take (another device, float16/bfloat16, nested or sparse tensors, a float
-mask that needs a gradient) go to PyTorch's own scaled_dot_product_attention, with a warning the
-first time for each reason.
+mask that needs a gradient) go to PyTorch's own scaled_dot_product_attention or
+nn.MultiheadAttention.forward, with a warning the first time for each reason.
 """
 
 import contextlib
@@ -25,12 +28,13 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from . import _core
+from . import _core, _mha
 
-__all__ = ["scaled_dot_product_attention", "patch"]
+__all__ = ["scaled_dot_product_attention", "MultiheadAttention", "patch"]
 
 # PyTorch's own, taken at import: the fallback, and what patch() puts back.
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+_TorchMultiheadAttention = torch.nn.MultiheadAttention
 
 
 def _numpy(t):
@@ -101,10 +105,9 @@ def _backward(ctx, grad_output, _grad_logsumexp):
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _unsupported(query, key, value, attn_mask):
-    """Why mha cannot run these inputs (PyTorch's SDPA then does), or None. One pass, attribute
-    reads only: it runs on every call."""
-    for t in (query, key, value, attn_mask):
+def _unsupported_tensors(tensors):
+    """Why mha cannot read these tensors (None entries are absent arguments), or None."""
+    for t in tensors:
         if t is None:
             continue
         if not isinstance(t, Tensor):
@@ -115,6 +118,15 @@ def _unsupported(query, key, value, attn_mask):
             return "nested tensors"
         if t.layout != torch.strided:
             return "a layout other than strided (sparse tensors)"
+    return None
+
+
+def _unsupported(query, key, value, attn_mask):
+    """Why mha cannot run these inputs (PyTorch's SDPA then does), or None. One pass, attribute
+    reads only: it runs on every call."""
+    reason = _unsupported_tensors((query, key, value, attn_mask))
+    if reason is not None:
+        return reason
     if query.dtype not in (torch.float32, torch.float64):
         return f"dtype {query.dtype} (mha computes in float32 and float64)"
     if attn_mask is not None and attn_mask.requires_grad:
@@ -125,11 +137,11 @@ def _unsupported(query, key, value, attn_mask):
 _warned = set()
 
 
-def _fall_back(reason):
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"mha.torch.scaled_dot_product_attention: {reason}; using PyTorch's "
-                      "scaled_dot_product_attention instead (this warning is shown once)", stacklevel=3)
+def _fall_back(reason, what="scaled_dot_product_attention"):
+    if (what, reason) not in _warned:
+        _warned.add((what, reason))
+        warnings.warn(f"mha.torch.{what}: {reason}; using PyTorch's {what} instead (this warning is shown once)",
+                      stacklevel=3)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -166,18 +178,227 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return output
 
 
+# ---------------------------------------------------------------------------------------------
+# nn.MultiheadAttention.
+#
+# The operators take the module's parameters as tensors (None where the module has none) and run
+# mha::nn::multihead_attention_forward / _backward on their memory. Custom operators cannot carry
+# a C++ object from forward to backward, so the forward also returns what backward needs, as
+# tensors that own mha's buffers (no copy): the projections q (N, L, E), k and v (N, S', E) (S'
+# counting the add_bias_kv / add_zero_attn keys), the float64 logsumexp (N, H, L) and the merged
+# heads (N, L, E). torch saves them with the inputs; backward views them again and recomputes the
+# canonical masks from the module's masks (cheap next to the attention).
+
+_PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
+               "bias_v", "out_proj_weight", "out_proj_bias")
+
+
+def _memory(t):
+    # mha reads row-major memory: a tensor that is not is copied once here (torch's parameters and
+    # batch-first inputs already are).
+    return None if t is None else t.detach().contiguous().numpy()
+
+
+def _mha_call(fn, *arguments):
+    # mha's own checks come back as ValueError: argument errors, also RuntimeErrors as in PyTorch.
+    try:
+        return fn(*arguments)
+    except ValueError as e:
+        raise _core.ArgumentError(str(e)) from None
+
+
+def _multihead_attention_forward(
+        query: Tensor, key: Tensor, value: Tensor, in_proj_weight: Optional[Tensor], q_proj_weight: Optional[Tensor],
+        k_proj_weight: Optional[Tensor], v_proj_weight: Optional[Tensor], in_proj_bias: Optional[Tensor],
+        bias_k: Optional[Tensor], bias_v: Optional[Tensor], out_proj_weight: Tensor, out_proj_bias: Optional[Tensor],
+        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], embed_dim: int, kdim: int, vdim: int,
+        num_heads: int, add_zero_attn: bool, batch_first: bool, need_weights: bool, average_attn_weights: bool,
+        is_causal: bool, dropout_p: float,
+        dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(output, attn_weights, q, k, v, logsumexp, merged): nn.MultiheadAttention's output and
+    weights (an empty tensor when need_weights is False), then what the backward takes. dropout_p
+    is the module's in training and 0 otherwise; dropout_seed an int64 scalar tensor (None
+    without dropout)."""
+    results = _mha_call(
+        _mha.multihead_attention_forward, _memory(query), _memory(key), _memory(value), _memory(in_proj_weight),
+        _memory(q_proj_weight), _memory(k_proj_weight), _memory(v_proj_weight), _memory(in_proj_bias),
+        _memory(bias_k), _memory(bias_v), _memory(out_proj_weight), _memory(out_proj_bias),
+        _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first,
+        need_weights, average_attn_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
+        torch.get_num_threads())
+    output, weights, *saved = (None if r is None else torch.from_numpy(r) for r in results)
+    return (output, query.new_empty((0,)) if weights is None else weights, *saved)
+
+
+multihead_attention_forward = torch.library.custom_op("mha::multihead_attention_forward",
+                                                      _multihead_attention_forward, mutates_args=(),
+                                                      device_types="cpu")
+
+
+def _sizes(query, key, batch_first, num_heads, bias_k, add_zero_attn):
+    """(unbatched, N, L, S') of the forward's inputs; S' counts the appended keys."""
+    unbatched = query.dim() == 2
+    if unbatched:
+        n, length, source = 1, query.shape[0], key.shape[0]
+    elif batch_first:
+        n, length, source = query.shape[0], query.shape[1], key.shape[1]
+    else:
+        n, length, source = query.shape[1], query.shape[0], key.shape[0]
+    return unbatched, n, length, source + (bias_k is not None) + bool(add_zero_attn)
+
+
+@multihead_attention_forward.register_fake
+def _(query, key, value, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v,
+      out_proj_weight, out_proj_bias, key_padding_mask, attn_mask, embed_dim, kdim, vdim, num_heads, add_zero_attn,
+      batch_first, need_weights, average_attn_weights, is_causal, dropout_p, dropout_seed):
+    unbatched, n, length, keys = _sizes(query, key, batch_first, num_heads, bias_k, add_zero_attn)
+    weights = (length, keys) if average_attn_weights else (num_heads, length, keys)
+    weights = query.new_empty(((() if unbatched else (n,)) + weights) if need_weights else (0,))
+    projections = [query.new_empty((n, s, embed_dim)) for s in (length, keys, keys)]
+    return (query.new_empty(query.shape), weights, *projections,
+            query.new_empty((n, num_heads, length), dtype=torch.float64), query.new_empty((n, length, embed_dim)))
+
+
+@torch.library.custom_op("mha::multihead_attention_backward", mutates_args=(), device_types="cpu")
+def multihead_attention_backward(
+        grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor, in_proj_weight: Optional[Tensor],
+        q_proj_weight: Optional[Tensor], k_proj_weight: Optional[Tensor], v_proj_weight: Optional[Tensor],
+        in_proj_bias: Optional[Tensor], bias_k: Optional[Tensor], bias_v: Optional[Tensor], out_proj_weight: Tensor,
+        out_proj_bias: Optional[Tensor], key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+        embed_dim: int, kdim: int, vdim: int, num_heads: int, add_zero_attn: bool, batch_first: bool,
+        need_weights: bool, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor], q: Tensor, k: Tensor,
+        v: Tensor, logsumexp: Tensor, merged: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                               Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(grad_query, grad_key, grad_value, then one gradient per parameter in the forward's order:
+    an empty tensor where the module has no such parameter), given the forward's arguments and
+    its saved results."""
+    parameters = (in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v,
+                  out_proj_weight, out_proj_bias)
+    # mha adds the parameter gradients into these.
+    grads = [None if p is None else torch.zeros(p.shape, dtype=p.dtype) for p in parameters]
+    inputs = _mha_call(
+        _mha.multihead_attention_backward, _memory(grad_output), _memory(query), _memory(key), _memory(value),
+        *(_memory(p) for p in parameters), _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim,
+        num_heads, add_zero_attn, batch_first, need_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
+        _memory(q), _memory(k), _memory(v), _memory(logsumexp), _memory(merged),
+        *(None if g is None else g.numpy() for g in grads), torch.get_num_threads())
+    return (*(torch.from_numpy(g) for g in inputs), *(query.new_empty((0,)) if g is None else g for g in grads))
+
+
+@multihead_attention_backward.register_fake
+def _(grad_output, query, key, value, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias,
+      bias_k, bias_v, out_proj_weight, out_proj_bias, *rest):
+    parameters = (in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v,
+                  out_proj_weight, out_proj_bias)
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            *(query.new_empty((0,)) if p is None else p.new_empty(p.shape) for p in parameters))
+
+
+def _mha_setup_context(ctx, inputs, output):
+    (query, key, value, *parameters) = inputs[:12]
+    key_padding_mask, attn_mask = inputs[12:14]
+    (embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, need_weights, _average, is_causal, dropout_p,
+     dropout_seed) = inputs[14:]
+    _output, weights, *saved = output
+    # mha computes gradients of the output only: the attention weights carry none.
+    ctx.mark_non_differentiable(weights, *saved)
+    ctx.save_for_backward(query, key, value, *parameters, key_padding_mask, attn_mask, dropout_seed, *saved)
+    ctx.options = (embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, need_weights, is_causal, dropout_p)
+    ctx.parameter_count = len(parameters)
+
+
+def _mha_backward(ctx, grad_output, *_grads_of_non_differentiable):
+    query, key, value, *rest = ctx.saved_tensors
+    parameters, rest = rest[:ctx.parameter_count], rest[ctx.parameter_count:]
+    key_padding_mask, attn_mask, dropout_seed, *saved = rest
+    grads = torch.ops.mha.multihead_attention_backward(grad_output, query, key, value, *parameters,
+                                                       key_padding_mask, attn_mask, *ctx.options, dropout_seed,
+                                                       *saved)
+    grad_inputs, grad_parameters = grads[:3], grads[3:]
+    grad_parameters = tuple(None if p is None else g for p, g in zip(parameters, grad_parameters))
+    # No gradient for the masks (a mask that needs one goes to PyTorch), the options or the seed.
+    return (*grad_inputs, *grad_parameters) + (None,) * 13
+
+
+multihead_attention_forward.register_autograd(_mha_backward, setup_context=_mha_setup_context)
+
+
+class MultiheadAttention(_TorchMultiheadAttention):
+    """torch.nn.MultiheadAttention whose forward runs mha: the same constructor, parameters,
+    state_dict and initialisation (it is a subclass and adds nothing), and the same forward
+    arguments and results.
+
+    Differences: a query whose keys are all masked gets zero attention (weights 0, output
+    out_proj.bias) where PyTorch's need_weights=True path gives NaN; the attention weights carry
+    no gradient (the output does, to the inputs and every parameter). Inputs mha does not take
+    (another device, float16/bfloat16, nested or sparse tensors, a float mask that requires grad)
+    run PyTorch's forward instead, with a warning the first time for each reason.
+    """
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        parameters = (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight,
+                      self.in_proj_bias, self.bias_k, self.bias_v, self.out_proj.weight, self.out_proj.bias)
+        reason = _unsupported_tensors((query, key, value, key_padding_mask, attn_mask, *parameters))
+        if reason is None:
+            reason = _mha_unsupported_types(query, parameters, key_padding_mask, attn_mask)
+        if reason is not None:
+            _fall_back(reason, "MultiheadAttention")
+            return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                   attn_mask=attn_mask, average_attn_weights=average_attn_weights,
+                                   is_causal=is_causal)
+        key_padding_mask = _mha_mask("key_padding_mask", key_padding_mask, query.dtype)
+        attn_mask = _mha_mask("attn_mask", attn_mask, query.dtype)
+        dropout_p = self.dropout if self.training else 0.0
+        # Drawn from the default generator only with dropout, as torch's forward draws only then.
+        seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
+        args = (query, key, value, *parameters, key_padding_mask, attn_mask, self.embed_dim, self.kdim, self.vdim,
+                self.num_heads, self.add_zero_attn, self.batch_first, need_weights, average_attn_weights, is_causal,
+                dropout_p, seed)
+        # The operator when autograd or torch.compile needs it; otherwise its body, directly (as
+        # scaled_dot_product_attention does).
+        needs_op = torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, *parameters)))
+        output, weights, *_ = (torch.ops.mha.multihead_attention_forward(*args) if needs_op
+                               else _multihead_attention_forward(*args))
+        return output, (weights if need_weights else None)
+
+
+def _mha_unsupported_types(query, parameters, key_padding_mask, attn_mask):
+    """Why mha cannot run these dtypes (PyTorch's forward then does), or None."""
+    if query.dtype not in (torch.float32, torch.float64):
+        return f"dtype {query.dtype} (mha computes in float32 and float64)"
+    for mask in (key_padding_mask, attn_mask):
+        if mask is not None and mask.requires_grad:
+            return "a float mask that requires grad (mha computes no gradient for the masks)"
+    return None
+
+
+def _mha_mask(name, mask, dtype):
+    """The mask as mha takes it: bool (True = blocked) or float of the query's dtype (added)."""
+    if mask is None or mask.dtype == torch.bool or mask.dtype == dtype:
+        return mask
+    if not mask.is_floating_point():
+        raise _core.ArgumentTypeError(f"{name}: expected dtype bool (True = blocked) or floating point (added to the "
+                                      f"scores), got {mask.dtype}")
+    return mask.to(dtype)
+
+
 # What patch() replaces: (owner, attribute, mha's version). One line per routed entry point.
 _PATCHES = [
     (torch.nn.functional, "scaled_dot_product_attention", scaled_dot_product_attention),
+    # Construct-time routing: code that calls nn.MultiheadAttention(...) inside the block gets mha's.
+    (torch.nn, "MultiheadAttention", MultiheadAttention),
 ]
 
 
 @contextlib.contextmanager
 def patch():
-    """Routes PyTorch's entry points to mha inside the block (torch.nn.functional.
-    scaled_dot_product_attention, which nn.MultiheadAttention's need_weights=False path calls too)
-    and restores them on the way out, exception or not. Code that bound the name before the
-    block (`from torch.nn.functional import scaled_dot_product_attention`) keeps PyTorch's."""
+    """Routes PyTorch's entry points to mha inside the block and restores them on the way out,
+    exception or not: torch.nn.functional.scaled_dot_product_attention, and torch.nn.
+    MultiheadAttention (a module constructed as nn.MultiheadAttention(...) inside the block is
+    mha's; one made before it stays PyTorch's). Code that bound a name before the block
+    (`from torch.nn import MultiheadAttention`) keeps PyTorch's."""
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in _PATCHES]
     try:
         for owner, name, replacement in _PATCHES:

@@ -1,4 +1,5 @@
-// _mha: the two scaled dot-product attention calls of mha/attention/attention.h, for Python.
+// _mha: the two scaled dot-product attention calls of mha/attention/attention.h and the two
+// multi-head attention calls of mha/nn/multihead_attention.h, for Python.
 //
 // Only argument conversion lives here: each nb::ndarray becomes an mha::View of the same memory
 // (shape, and strides in elements, as nanobind reports them) and the call writes into output
@@ -12,12 +13,17 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/variant.h>
 #include <omp.h>
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "mha/attention/attention.h"
+#include "mha/nn/multihead_attention.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -97,6 +103,187 @@ void sdpa_backward(const In<T>& query, const In<T>& key, const In<T>& value, con
                                         options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// nn.MultiheadAttention's computation (mha::nn::multihead_attention_forward / _backward) on
+// torch's parameters, read in place. Between forward and backward the cache travels through
+// Python: forward returns what backward needs as arrays that own mha's tensors (no copy), torch
+// saves them, and backward views them again. The masks are not among them: backward recomputes
+// their canonical form from the module's own masks (multihead_attention_masks), which is cheap
+// next to the attention and keeps the saved set to plain tensors.
+
+// A mask as the module takes it (bool: True = blocked, or float: added); copied into an
+// mha::Tensor (the module's argument type), hence contiguous.
+template <class T>
+using MaskArray = std::variant<nb::ndarray<const bool, nb::device::cpu, nb::c_contig>,
+                               nb::ndarray<const T, nb::device::cpu, nb::c_contig>>;
+
+template <class E, class Array>
+mha::Tensor<E> tensor_copy(const Array& a) {
+  mha::Shape shape(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
+  return mha::Tensor<E>(shape, std::span<const E>(a.data(), a.size()));
+}
+
+template <class T>
+std::optional<mha::nn::Mask<T>> module_mask(const std::optional<MaskArray<T>>& m) {
+  if (!m) return std::nullopt;
+  if (const auto* b = std::get_if<0>(&*m)) return mha::nn::Mask<T>(tensor_copy<bool>(*b));
+  return mha::nn::Mask<T>(tensor_copy<T>(std::get<1>(*m)));
+}
+
+template <class T>
+mha::View<const T> optional_view(const std::optional<In<T>>& a) {
+  return a ? view<const T>(*a) : mha::View<const T>();
+}
+template <class T>
+mha::View<T> optional_out(const std::optional<Out<T>>& a) {
+  return a ? view<T>(*a) : mha::View<T>();
+}
+
+// The parameters in state_dict order, each None when the module has none.
+template <class T>
+struct WeightArrays {
+  std::optional<In<T>> in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v;
+  In<T> out_proj_weight;
+  std::optional<In<T>> out_proj_bias;
+
+  mha::nn::MultiheadAttentionWeights<T> views() const {
+    return {optional_view(in_proj_weight), optional_view(q_proj_weight), optional_view(k_proj_weight),
+            optional_view(v_proj_weight),  optional_view(in_proj_bias),  optional_view(bias_k),
+            optional_view(bias_v),         view<const T>(out_proj_weight), optional_view(out_proj_bias)};
+  }
+};
+
+// The module's options: the sizes are the module's; bias and add_bias_kv follow from which
+// parameters it has (multihead_attention_forward checks that the rest agree).
+template <class T>
+mha::nn::MultiheadAttentionOptions module_options(const WeightArrays<T>& w, int64_t embed_dim, int64_t kdim,
+                                                  int64_t vdim, int64_t num_heads, bool add_zero_attn,
+                                                  bool batch_first, double dropout_p) {
+  mha::nn::MultiheadAttentionOptions o;
+  o.embed_dim = embed_dim;
+  o.kdim = kdim;
+  o.vdim = vdim;
+  o.num_heads = num_heads;
+  o.dropout = dropout_p;
+  o.bias = w.in_proj_bias.has_value();
+  o.add_bias_kv = w.bias_k.has_value();
+  o.add_zero_attn = add_zero_attn;
+  o.batch_first = batch_first;
+  return o;
+}
+
+// An mha::Tensor handed to numpy: the array owns it (freed with the array), no copy.
+template <class T>
+nb::ndarray<nb::numpy, T> to_numpy(mha::Tensor<T>&& t) {
+  auto* owned = new mha::Tensor<T>(std::move(t));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<mha::Tensor<T>*>(p); });
+  std::vector<size_t> shape(owned->shape().begin(), owned->shape().end());
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.data(), owner);
+}
+
+template <class T>
+nb::tuple multihead_attention_forward(const In<T>& query, const In<T>& key, const In<T>& value,
+    const std::optional<In<T>>& in_proj_weight,
+    const std::optional<In<T>>& q_proj_weight,
+    const std::optional<In<T>>& k_proj_weight,
+    const std::optional<In<T>>& v_proj_weight,
+    const std::optional<In<T>>& in_proj_bias,
+    const std::optional<In<T>>& bias_k,
+    const std::optional<In<T>>& bias_v,
+    const In<T>& out_proj_weight,
+    const std::optional<In<T>>& out_proj_bias, const std::optional<MaskArray<T>>& key_padding_mask,
+                                      const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim,
+                                      int64_t vdim, int64_t num_heads, bool add_zero_attn, bool batch_first,
+                                      bool need_weights, bool average_attn_weights, bool is_causal, double dropout_p,
+                                      uint64_t dropout_seed, int num_threads) {
+  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, out_proj_weight, out_proj_bias};
+  const auto options = module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
+  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights, module_mask<T>(attn_mask),
+                                          average_attn_weights, is_causal};
+  mha::nn::MultiheadAttentionOutput<T> out;
+  mha::nn::MultiheadAttentionCache<T> cache;
+  {
+    nb::gil_scoped_release released;
+    OpenMPThreads threads(num_threads);
+    out = mha::nn::multihead_attention_forward<T>(options, weights.views(), view<const T>(query), view<const T>(key),
+                                                  view<const T>(value), args, dropout_p > 0, dropout_seed,
+                                                  mha::attention::Backend::automatic, &cache);
+  }
+  nb::object attn_weights = nb::none();
+  if (out.attn_weights) attn_weights = nb::cast(to_numpy(std::move(*out.attn_weights)));
+  return nb::make_tuple(to_numpy(std::move(out.output)), attn_weights, to_numpy(std::move(cache.q)),
+                        to_numpy(std::move(cache.k)), to_numpy(std::move(cache.v)),
+                        to_numpy(std::move(cache.logsumexp)), to_numpy(std::move(cache.merged)));
+}
+
+template <class T>
+nb::tuple multihead_attention_backward(const In<T>& grad_output, const In<T>& query, const In<T>& key,
+                                       const In<T>& value,
+    const std::optional<In<T>>& in_proj_weight,
+    const std::optional<In<T>>& q_proj_weight,
+    const std::optional<In<T>>& k_proj_weight,
+    const std::optional<In<T>>& v_proj_weight,
+    const std::optional<In<T>>& in_proj_bias,
+    const std::optional<In<T>>& bias_k,
+    const std::optional<In<T>>& bias_v,
+    const In<T>& out_proj_weight,
+    const std::optional<In<T>>& out_proj_bias,
+                                       const std::optional<MaskArray<T>>& key_padding_mask,
+                                       const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim,
+                                       int64_t vdim, int64_t num_heads, bool add_zero_attn, bool batch_first,
+                                       bool need_weights, bool is_causal, double dropout_p, uint64_t dropout_seed,
+                                       const In<T>& q, const In<T>& k, const In<T>& v, const In<double>& logsumexp,
+                                       const In<T>& merged,
+    const std::optional<Out<T>>& grad_in_proj_weight,
+    const std::optional<Out<T>>& grad_q_proj_weight,
+    const std::optional<Out<T>>& grad_k_proj_weight,
+    const std::optional<Out<T>>& grad_v_proj_weight,
+    const std::optional<Out<T>>& grad_in_proj_bias,
+    const std::optional<Out<T>>& grad_bias_k,
+    const std::optional<Out<T>>& grad_bias_v,
+    const std::optional<Out<T>>& grad_out_proj_weight,
+    const std::optional<Out<T>>& grad_out_proj_bias, int num_threads) {
+  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, out_proj_weight, out_proj_bias};
+  const auto options = module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
+  const mha::nn::MultiheadAttentionWeightGradients<T> grad_views{optional_out(grad_in_proj_weight), optional_out(grad_q_proj_weight), optional_out(grad_k_proj_weight), optional_out(grad_v_proj_weight), optional_out(grad_in_proj_bias), optional_out(grad_bias_k), optional_out(grad_bias_v), optional_out(grad_out_proj_weight), optional_out(grad_out_proj_bias)};
+  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights, module_mask<T>(attn_mask),
+                                          true, is_causal};
+  mha::nn::MultiheadAttentionGradients<T> out;
+  {
+    nb::gil_scoped_release released;
+    OpenMPThreads threads(num_threads);
+    // The canonical masks, as forward made them from the same arguments.
+    mha::check(query.ndim() == 2 || query.ndim() == 3, "query: expected 2-D or 3-D, got ", query.ndim(), "-D");
+    mha::check(key.ndim() == query.ndim(), "key: expected ", query.ndim(), "-D like query, got ", key.ndim(), "-D");
+    const bool unbatched = query.ndim() == 2;
+    const size_t batch_axis = batch_first ? 0 : 1, seq_axis = unbatched || !batch_first ? 0 : 1;
+    const auto n = unbatched ? int64_t{1} : static_cast<int64_t>(query.shape(batch_axis));
+    const auto masks = mha::nn::multihead_attention_masks<T>(
+        mha::nn::resolved_options(options), args, n, static_cast<int64_t>(query.shape(seq_axis)),
+        static_cast<int64_t>(key.shape(seq_axis)), unbatched);
+    mha::nn::MultiheadAttentionSaved<T> saved;
+    saved.query = view<const T>(query);
+    saved.key = view<const T>(key);
+    saved.value = view<const T>(value);
+    saved.q = view<const T>(q);
+    saved.k = view<const T>(k);
+    saved.v = view<const T>(v);
+    saved.logsumexp = view<const double>(logsumexp);
+    saved.merged = view<const T>(merged);
+    if (masks.attend_mask) saved.attend_mask = *masks.attend_mask;
+    if (masks.additive_mask) saved.additive_mask = *masks.additive_mask;
+    saved.causal = masks.causal;
+    saved.dropout_p = dropout_p;
+    saved.dropout_seed = dropout_p > 0 ? dropout_seed : 0;
+    out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output), saved,
+                                                   grad_views);
+  }
+  return nb::make_tuple(to_numpy(std::move(out.grad_query)), to_numpy(std::move(out.grad_key)),
+                        to_numpy(std::move(out.grad_value)));
+}
+
 // One overload per element type; nanobind picks the one whose dtypes match (noconvert).
 template <class T>
 void define(nb::module_& m) {
@@ -111,12 +298,31 @@ void define(nb::module_& m) {
         "additive_mask"_a.noconvert().none(), "causal"_a, "scale"_a.none(), "dropout_p"_a, "dropout_seed"_a,
         "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention backward into `grad_query`, `grad_key` and `grad_value`.");
+  // Not call_guard'ed: they release the GIL themselves, around the computation only (their
+  // results become numpy arrays, which needs the GIL).
+  m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(),
+        "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(), "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(), "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
+        "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a,
+        "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "average_attn_weights"_a, "is_causal"_a,
+        "dropout_p"_a, "dropout_seed"_a, "num_threads"_a,
+        "nn.MultiheadAttention's forward on these parameters: (output, attn_weights or None, q, k, v, logsumexp, "
+        "merged), the last five for multihead_attention_backward.");
+  m.def("multihead_attention_backward", &multihead_attention_backward<T>, "grad_output"_a.noconvert(),
+        "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(), "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(), "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
+        "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a,
+        "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "is_causal"_a, "dropout_p"_a,
+        "dropout_seed"_a, "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(), "logsumexp"_a.noconvert(),
+        "merged"_a.noconvert(), "grad_in_proj_weight"_a.noconvert().none(), "grad_q_proj_weight"_a.noconvert().none(), "grad_k_proj_weight"_a.noconvert().none(), "grad_v_proj_weight"_a.noconvert().none(), "grad_in_proj_bias"_a.noconvert().none(), "grad_bias_k"_a.noconvert().none(), "grad_bias_v"_a.noconvert().none(), "grad_out_proj_weight"_a.noconvert().none(), "grad_out_proj_bias"_a.noconvert().none(),
+        "num_threads"_a,
+        "nn.MultiheadAttention's backward: (grad_query, grad_key, grad_value); parameter gradients are added into "
+        "the grad_* arrays given.");
 }
 
 }  // namespace
 
 NB_MODULE(_mha, m) {
-  m.doc() = "mha's scaled dot-product attention on caller-owned arrays (use the mha package, not this module)";
+  m.doc() = "mha's scaled dot-product and multi-head attention on caller-owned arrays (use the mha package, not "
+            "this module)";
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
