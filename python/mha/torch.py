@@ -347,6 +347,7 @@ class MultiheadAttention(_TorchMultiheadAttention):
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights,
                                    is_causal=is_causal)
+        _mha_check_dtypes(query, key, value, parameters)
         key_padding_mask = _mha_mask("key_padding_mask", key_padding_mask, query.dtype)
         attn_mask = _mha_mask("attn_mask", attn_mask, query.dtype)
         dropout_p = self.dropout if self.training else 0.0
@@ -372,6 +373,17 @@ def _mha_unsupported_types(query, parameters, key_padding_mask, attn_mask):
         if mask is not None and mask.requires_grad:
             return "a float mask that requires grad (mha computes no gradient for the masks)"
     return None
+
+
+def _mha_check_dtypes(query, key, value, parameters):
+    # PyTorch refuses these too (a RuntimeError from its matmul); mha says which argument.
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise _core.ArgumentTypeError(f"key, value: expected the dtype of query ({query.dtype}), got key {key.dtype} "
+                                      f"and value {value.dtype}")
+    for p in parameters:
+        if p is not None and p.dtype != query.dtype:
+            raise _core.ArgumentTypeError(f"query: expected the dtype of the module's parameters ({p.dtype}), got "
+                                          f"{query.dtype} (convert the module with .to(dtype) or the inputs)")
 
 
 def _mha_mask(name, mask, dtype):

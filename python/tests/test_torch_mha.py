@@ -1,0 +1,414 @@
+"""mha.torch.MultiheadAttention against torch.nn.MultiheadAttention with the same weights: output,
+attention weights and the gradients of the inputs and every parameter (float64 and float32),
+gradcheck, opcheck, torch.compile, PyTorch's own ModuleInfo samples, dropout seeding, fallbacks,
+patch() routing, zero-copy parameters and errors."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import mha.torch  # noqa: E402
+from mha import _mha  # noqa: E402
+
+nn = torch.nn
+
+
+def make(*shape, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed + 31 * len(shape) + sum(shape))
+    return torch.randn(shape, generator=g, dtype=dtype)
+
+
+def modules(ctor, dtype, seed=0):
+    """(PyTorch's module, mha's) with the same weights; every parameter randomised (biases
+    included, which PyTorch initialises to zero) so that no gradient term can hide."""
+    torch.manual_seed(seed)
+    reference = nn.MultiheadAttention(**ctor, dtype=dtype)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    ours = mha.torch.MultiheadAttention(**ctor, dtype=dtype)
+    ours.load_state_dict(reference.state_dict())
+    return reference, ours
+
+
+def run(module, inputs, grad_output, kwargs):
+    """(output, attn_weights or None, {name: gradient}) of `module` on copies of the inputs."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out, weights = module(*leaves, **kwargs)
+    names = ["query", "key", "value"] + [n for n, _ in module.named_parameters()]
+    params = [p for _, p in module.named_parameters()]
+    grads = torch.autograd.grad(out, leaves + params, grad_output)
+    return out.detach(), None if weights is None else weights.detach(), dict(zip(names, grads))
+
+
+def reference_results(module, inputs, grad_output, kwargs):
+    """PyTorch's results, where every query has a key to attend. A query whose keys are all
+    masked gets NaN on PyTorch's need_weights=True path (pytorch/pytorch#41508) and zero attention
+    in mha (docs/python.md): there the output and gradients come from PyTorch's
+    need_weights=False path (SDPA, which also gives zero attention), and such weight rows must be
+    0 in mha."""
+    out, weights, grads = run(module, inputs, grad_output, kwargs)
+    if torch.isnan(out).any():
+        out, _, grads = run(module, inputs, grad_output, dict(kwargs, need_weights=False))
+    return out, weights, grads
+
+
+def max_error(a, reference):
+    return (a.double() - reference.double()).abs().max().item() if a.numel() else 0.0
+
+
+def check_weights(ours, expected, what):
+    assert (ours is None) == (expected is None), what
+    if ours is None:
+        return
+    assert ours.shape == expected.shape, what
+    nan_rows = torch.isnan(expected)
+    assert (ours[nan_rows] == 0).all(), f"{what}: a fully masked query must have zero weights"
+    return ours.masked_fill(nan_rows, 0), expected.masked_fill(nan_rows, 0)
+
+
+def with_dtype(kwargs, dtype):
+    """The forward arguments with float masks in `dtype` (PyTorch adds them to its scores)."""
+    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+
+
+def check_against_torch(ctor, inputs, kwargs, seed=0):
+    """float64: mha within 1e-10·max(1, max|ref|) of PyTorch (the C++ goldens' bound); float32:
+    FlashAttention's rule, as the SDPA tests and tests/goldens: mha's float32 error against
+    PyTorch's float64 result at most twice PyTorch's own float32 error, plus 1e-6 of the largest
+    value (for results PyTorch happens to get exactly)."""
+    reference64, ours64 = modules(ctor, torch.float64, seed)
+    inputs64 = [x.double() for x in inputs]
+    kwargs64, kwargs32 = with_dtype(kwargs, torch.float64), with_dtype(kwargs, torch.float32)
+    out_shape = reference64(*inputs64, **dict(kwargs64, need_weights=False))[0].shape
+    grad_output = make(*out_shape, seed=99)
+    ref = reference_results(reference64, inputs64, grad_output, kwargs64)
+    got = run(ours64, inputs64, grad_output, kwargs64)
+    for name, a, r in [("output", got[0], ref[0]), *((f"grad {n}", got[2][n], ref[2][n]) for n in ref[2])]:
+        assert a.dtype == torch.float64 and a.shape == r.shape, name
+        assert max_error(a, r) <= 1e-10 * max(1.0, r.abs().max().item() if r.numel() else 0.0), f"{name} float64"
+    weights = check_weights(got[1], ref[1], "attn_weights float64")
+    if weights is not None:
+        assert max_error(*weights) <= 1e-12, "attn_weights float64"
+
+    reference32, ours32 = modules(ctor, torch.float32, seed)
+    reference32.load_state_dict(reference64.state_dict())
+    ours32.load_state_dict(reference64.state_dict())
+    inputs32 = [x.float() for x in inputs]
+    torch32 = reference_results(reference32, inputs32, grad_output.float(), kwargs32)
+    got32 = run(ours32, inputs32, grad_output.float(), kwargs32)
+    pairs = [("output", got32[0], torch32[0], ref[0])]
+    pairs += [(f"grad {n}", got32[2][n], torch32[2][n], ref[2][n]) for n in ref[2]]
+    if ref[1] is not None:
+        ours_weights, torch_weights = check_weights(got32[1], torch32[1], "attn_weights float32")
+        pairs.append(("attn_weights", ours_weights, torch_weights, ref[1].masked_fill(torch.isnan(ref[1]), 0)))
+    for name, a, t, r in pairs:
+        assert a.dtype == torch.float32, name
+        error, torch_error = max_error(a, r), max_error(t, r)
+        bound = 2 * torch_error + 1e-6 * (r.abs().max().item() if r.numel() else 0.0)
+        assert error <= bound, f"{name} float32: mha error {error} > {bound} (PyTorch float32 error {torch_error})"
+
+
+def layout(ctor, batch, length, width):
+    if batch == 0:
+        return (length, width)
+    return (batch, length, width) if ctor.get("batch_first") else (length, batch, width)
+
+
+def case_inputs(ctor, batch=2, length=5, source=7):
+    e = ctor["embed_dim"]
+    return [make(*layout(ctor, batch, length, e)), make(*layout(ctor, batch, source, ctor.get("kdim") or e), seed=1),
+            make(*layout(ctor, batch, source, ctor.get("vdim") or e), seed=2)]
+
+
+def padding(batch, source, seed=3):
+    mask = make(*((batch, source) if batch else (source,)), seed=seed) > 0.8
+    mask[..., 0] = False  # every query keeps a key
+    return mask
+
+
+CASES = {
+    # name: (constructor arguments, batch (0: unbatched), forward arguments made from (batch, L, S, H))
+    "packed": (dict(embed_dim=16, num_heads=4), 2, lambda n, L, S, H: {}),
+    "kdim_vdim": (dict(embed_dim=16, num_heads=2, kdim=6, vdim=10), 2, lambda n, L, S, H: {}),
+    "no_bias_batch_first": (dict(embed_dim=12, num_heads=3, bias=False, batch_first=True), 3,
+                            lambda n, L, S, H: dict(average_attn_weights=False)),
+    "bias_kv_zero_attn_masks": (dict(embed_dim=8, num_heads=2, add_bias_kv=True, add_zero_attn=True), 2,
+                                lambda n, L, S, H: dict(key_padding_mask=padding(n, S),
+                                                        attn_mask=make(n * H, L, S, seed=4))),
+    "separate_bias_kv_float_padding": (dict(embed_dim=8, num_heads=4, kdim=5, add_bias_kv=True, batch_first=True), 2,
+                                       lambda n, L, S, H: dict(key_padding_mask=make(n, S, seed=5),
+                                                               need_weights=False)),
+    "unbatched_masks": (dict(embed_dim=8, num_heads=2), 0,
+                        lambda n, L, S, H: dict(key_padding_mask=padding(0, S), attn_mask=make(H, L, S, seed=6) > 1)),
+    "fully_masked_rows": (dict(embed_dim=8, num_heads=2), 2,
+                          lambda n, L, S, H: dict(attn_mask=torch.arange(L)[:, None] < torch.zeros(S)[None, :] + 2,
+                                                  average_attn_weights=False)),
+    "is_causal_sdpa_path": (dict(embed_dim=8, num_heads=2, batch_first=True), 2,
+                            lambda n, L, S, H: dict(attn_mask=torch.ones(L, S, dtype=torch.bool).triu(1),
+                                                    is_causal=True, need_weights=False)),
+    "is_causal_weights_path": (dict(embed_dim=8, num_heads=2), 2,
+                               lambda n, L, S, H: dict(attn_mask=torch.ones(L, S, dtype=torch.bool).triu(1),
+                                                       is_causal=True)),
+}
+
+
+# PyTorch's module (the reference) warns about a bool key_padding_mask beside a float attn_mask,
+# which mha takes as it is.
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask and attn_mask is deprecated")
+@pytest.mark.parametrize("case", CASES)
+def test_matches_torch_forward_and_every_gradient(case):
+    ctor, batch, kwargs = CASES[case]
+    length, source = 5, 7
+    if "causal" in case:
+        source = length
+    inputs = case_inputs(ctor, batch, length, source)
+    check_against_torch(ctor, inputs, kwargs(batch or 1, length, source, ctor["num_heads"]))
+
+
+def test_self_attention_with_one_tensor():
+    ctor = dict(embed_dim=16, num_heads=4, batch_first=True)
+    x = make(2, 6, 16)
+    check_against_torch(ctor, [x, x, x], {})
+
+
+def test_gradcheck():
+    """float64 finite differences through the operator, for the inputs and every parameter,
+    with masks, add_bias_kv, add_zero_attn and dropout (a fixed seed: backward drops what forward
+    dropped)."""
+    e, heads = 4, 2
+    query, key, value = make(3, 2, e), make(4, 2, 3, seed=1), make(4, 2, 5, seed=2)
+    params = [None, make(e, e, seed=3), make(e, 3, seed=4), make(e, 5, seed=5), make(3 * e, seed=6),
+              make(1, 1, e, seed=7), make(1, 1, e, seed=8), make(e, e, seed=9), make(e, seed=10)]
+    leaves = [x.requires_grad_() for x in (query, key, value, *[p for p in params if p is not None])]
+    padding_mask = torch.tensor([[False, False, True, False], [False, True, False, False]])
+
+    def forward(dropout_p, seed, need_weights):
+        def f(q, k, v, *given):
+            it = iter(given)
+            ps = [None if p is None else next(it) for p in params]
+            return torch.ops.mha.multihead_attention_forward(q, k, v, *ps, padding_mask, make(3, 4, seed=11), e, 3, 5,
+                                                             heads, True, False, need_weights, True, False, dropout_p,
+                                                             seed)[0]
+        return f
+
+    assert torch.autograd.gradcheck(forward(0.0, None, True), leaves)
+    assert torch.autograd.gradcheck(forward(0.4, torch.tensor(2024), False), leaves)
+
+
+def forward_op_samples():
+    e = 4
+    q, k, v = make(3, 2, e), make(5, 2, e, seed=1), make(5, 2, e, seed=2)
+    packed = [make(3 * e, e, seed=3), None, None, None, make(3 * e, seed=4), None, None, make(e, e, seed=5),
+              make(e, seed=6)]
+    bias_kv = [make(1, 1, e, seed=7), make(1, 1, e, seed=8)]
+    flags = dict(embed_dim=e, kdim=e, vdim=e, num_heads=2, add_zero_attn=False, batch_first=False, need_weights=True,
+                 average_attn_weights=True, is_causal=False, dropout_p=0.0, dropout_seed=None)
+
+    def sample(query, key, value, params, kpm=None, mask=None, **kw):
+        return (query, key, value, *params, kpm, mask, *dict(flags, **kw).values())
+
+    yield sample(q, k, v, packed)
+    yield sample(q, k, v, packed[:5] + bias_kv + packed[7:], kpm=make(2, 5, seed=9) > 1, mask=make(3, 5, seed=10),
+                 add_zero_attn=True, average_attn_weights=False)
+    yield sample(q[:, 0], k[:, 0], v[:, 0], packed, need_weights=False, dropout_p=0.3, dropout_seed=torch.tensor(-3))
+    yield sample(q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
+                 [None if p is None else p.float() for p in packed], batch_first=True,
+                 mask=torch.ones(3, 5, dtype=torch.bool).triu(1), is_causal=True, need_weights=False)
+
+
+@pytest.mark.parametrize("args", list(forward_op_samples()), ids=lambda a: "")
+def test_opcheck(args):
+    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() and i < 12
+                      else a for i, a in enumerate(args))
+    torch.library.opcheck(torch.ops.mha.multihead_attention_forward, grad_args)
+    results = torch.ops.mha.multihead_attention_forward(*args)
+    flags = list(args[14:])
+    del flags[7]  # average_attn_weights: the backward does not take it
+    backward_args = (torch.randn_like(results[0]), *args[:14], *flags, *results[2:])
+    torch.library.opcheck(torch.ops.mha.multihead_attention_backward, backward_args)
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    torch._dynamo.reset()
+    _, module = modules(dict(embed_dim=16, num_heads=4, batch_first=True, dropout=0.2), torch.float64)
+    module.train()
+    x, mask = make(2, 6, 16), make(2, 6, seed=1) > 1
+
+    def step(m, x):
+        out, weights = m(x, x, x, key_padding_mask=mask)
+        return out * 2, weights
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break fails
+    results = []
+    for fn in (compiled, step):
+        torch.manual_seed(5)  # the same dropout seed drawn in both
+        module.zero_grad()
+        leaf = x.clone().requires_grad_()
+        out, weights = fn(module, leaf)
+        out.backward(torch.ones_like(out))
+        results.append([out, weights, leaf.grad, *(p.grad for p in module.parameters())])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_dropout_follows_torch_manual_seed_and_only_in_training():
+    _, module = modules(dict(embed_dim=8, num_heads=2, dropout=0.5), torch.float64)
+    x = make(6, 2, 8)
+    module.train()
+    torch.manual_seed(3)
+    a, b = module(x, x, x)[0], module(x, x, x)[0]
+    torch.manual_seed(3)
+    torch.testing.assert_close(module(x, x, x)[0], a, rtol=0, atol=0)
+    assert not torch.equal(a, b)
+    module.eval()
+    reference = nn.MultiheadAttention(8, 2, dropout=0.5, dtype=torch.float64).eval()
+    reference.load_state_dict(module.state_dict())
+    torch.testing.assert_close(module(x, x, x)[0], reference(x, x, x)[0], rtol=0, atol=1e-12)
+    # Without dropout no random number is drawn: the stream is left as PyTorch leaves it.
+    torch.manual_seed(3)
+    module(x, x, x)
+    after = torch.rand(())
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(()), after)
+
+
+def module_samples():
+    try:
+        from torch.testing._internal.common_modules import module_db
+    except ImportError as e:  # PyTorch's test helpers import expecttest
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason=f"torch.testing._internal needs {e.name}"))]
+    (info,) = [m for m in module_db if m.module_cls is nn.MultiheadAttention]
+    params = []
+    for dtype in (torch.float32, torch.float64):
+        for training in (False, True):
+            samples = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=False, training=training)
+            params += [pytest.param(s, training, id=f"{str(dtype)[6:]}-{'train' if training else 'eval'}-{i}")
+                       for i, s in enumerate(samples)]
+    return params
+
+
+@pytest.mark.parametrize("sample, training", module_samples())
+def test_pytorch_moduleinfo_sample(sample, training):
+    """Every sample PyTorch tests nn.MultiheadAttention with, in both modes: both modules built
+    from the sample's constructor arguments, mha's with PyTorch's weights; outputs and weights
+    compared (a fully masked query: PyTorch NaN, mha 0), and with dropout in training mode only
+    that mha's output is finite (the dropped entries come from different generators)."""
+    ctor = sample.constructor_input
+    inputs = sample.forward_input
+    dtype = inputs.args[0].dtype
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(*ctor.args, **ctor.kwargs, dtype=dtype).train(training)
+    ours = mha.torch.MultiheadAttention(*ctor.args, **ctor.kwargs, dtype=dtype).train(training)
+    ours.load_state_dict(reference.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        got, got_weights = ours(*inputs.args, **inputs.kwargs)
+    expected, expected_weights = reference(*inputs.args, **inputs.kwargs)
+    if training and reference.dropout > 0:
+        assert torch.isfinite(got).all()
+        return
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5  # values of order 1; float32 rounds at ~6e-8
+    nan_rows = torch.isnan(expected)
+    if nan_rows.any():  # fully masked queries: PyTorch's SDPA path gives what mha gives
+        expected = reference(*inputs.args, **dict(inputs.kwargs, need_weights=False))[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+    if expected_weights is not None:
+        got_weights, expected_weights = check_weights(got_weights, expected_weights, "attn_weights")
+        torch.testing.assert_close(got_weights, expected_weights, rtol=0, atol=tolerance)
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(mha.torch, "_warned", set())
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "meta", "float_mask_requires_grad"])
+def test_falls_back_to_pytorch_with_one_warning(kind, fresh_warnings):
+    dtype = torch.bfloat16 if kind == "bfloat16" else torch.float64
+    device = "meta" if kind == "meta" else "cpu"
+    reference, ours = modules(dict(embed_dim=8, num_heads=2), dtype)
+    reference, ours = reference.to(device), ours.to(device)
+    x = make(4, 2, 8).to(device=device, dtype=dtype)
+    mask = make(4, 4, seed=3).requires_grad_() if kind == "float_mask_requires_grad" else None
+    with pytest.warns(UserWarning, match="using PyTorch's MultiheadAttention instead") as record:
+        out, _ = ours(x, x, x, attn_mask=mask)
+    assert len(record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reason
+        ours(x, x, x, attn_mask=mask)
+    assert out.dtype == dtype and out.device.type == device
+    if device == "cpu":
+        torch.testing.assert_close(out, reference(x, x, x, attn_mask=mask)[0], rtol=0, atol=0)
+    if mask is not None:
+        out.sum().backward()
+        assert mask.grad is not None
+
+
+def test_patch_routes_construction_and_restores_even_on_an_exception():
+    original = nn.MultiheadAttention
+    before = nn.MultiheadAttention(8, 2)
+    with pytest.raises(KeyError):
+        with mha.torch.patch():
+            assert nn.MultiheadAttention is mha.torch.MultiheadAttention
+            inside = nn.MultiheadAttention(8, 2, batch_first=True)
+            raise KeyError("inside the block")
+    assert type(inside) is mha.torch.MultiheadAttention and isinstance(inside, original)
+    assert type(before) is original
+    assert nn.MultiheadAttention is original
+    assert torch.nn.modules.activation.MultiheadAttention is original
+    x = make(2, 3, 8, dtype=torch.float32)
+    reference = original(8, 2, batch_first=True)
+    reference.load_state_dict(inside.state_dict())
+    torch.testing.assert_close(inside(x, x, x)[0], reference(x, x, x)[0])
+
+
+def test_parameters_and_batch_first_inputs_are_read_in_place(monkeypatch):
+    calls = []
+    real = _mha.multihead_attention_forward
+    monkeypatch.setattr(_mha, "multihead_attention_forward", lambda *a: calls.append(a) or real(*a))
+    _, module = modules(dict(embed_dim=8, num_heads=2, batch_first=True), torch.float32)
+    x = make(2, 3, 8, dtype=torch.float32)
+    module(x, x, x)
+    (args,) = calls
+    pointer = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    assert pointer(args[0]) == x.data_ptr()
+    assert pointer(args[3]) == module.in_proj_weight.data_ptr()
+    assert pointer(args[10]) == module.out_proj.weight.data_ptr()
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    _, module = modules(dict(embed_dim=32, num_heads=4, batch_first=True), torch.float32)
+    x = make(2, 64, 32, dtype=torch.float32)
+    saved = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(run(module, [x, x, x], torch.ones(2, 64, 32), {}))
+    finally:
+        torch.set_num_threads(saved)
+    (out1, w1, g1), (out2, w2, g2) = results
+    assert torch.equal(out1, out2) and torch.equal(w1, w2)
+    assert all(torch.equal(g1[n], g2[n]) for n in g1)
+
+
+def test_bad_inputs_raise_python_exceptions():
+    _, module = modules(dict(embed_dim=8, num_heads=2, kdim=6), torch.float64)
+    q, k = make(3, 2, 8), make(4, 2, 6, seed=1)
+    for bad, error, message in (
+            (dict(query=make(3, 8, 2, 1)), RuntimeError, "query: expected a 3-D tensor (L, N, E)"),
+            (dict(key=make(4, 2, 8)), RuntimeError, "key: expected last dimension kdim = 6"),
+            (dict(value=make(5, 2, 8)), RuntimeError, "value: expected the same sequence length as key (4)"),
+            (dict(attn_mask=torch.ones(3, 3, dtype=torch.bool)), RuntimeError, "attn_mask (2-D): expected shape [3, 4]"),
+            (dict(key_padding_mask=torch.ones(4, 2, dtype=torch.bool)), RuntimeError,
+             "key_padding_mask (N, S): expected shape [2, 4], got [4, 2]"),
+            (dict(attn_mask=torch.ones(3, 4, dtype=torch.int32)), TypeError, "attn_mask: expected dtype bool"),
+            (dict(is_causal=True), RuntimeError, "is_causal: PyTorch requires attn_mask"),
+            (dict(key=k.float()), TypeError, "key, value: expected the dtype of query (torch.float64)"),
+            (dict(query=q.float(), key=k.float(), value=make(4, 2, 8, seed=2).float()), TypeError,
+             "query: expected the dtype of the module's parameters (torch.float64), got torch.float32")):
+        arguments = dict(dict(query=q, key=k, value=make(4, 2, 8, seed=2)), **bad)
+        with pytest.raises(error) as info:
+            module(**arguments)
+        assert message in str(info.value)
