@@ -65,8 +65,11 @@ Tensor<T> linear_forward(const Tensor<T>& x, WeightView<T> weight,
   const int64_t rows = check_input(x, weight.cols, what);
   const int64_t in = weight.cols;
   const int64_t out = weight.rows;
-  Tensor<T> y(output_shape(x, out));
+  // Every element is written: the bias (or 0 when there is no product to write it), then the
+  // product, which overwrites when there is no bias.
+  auto y = Tensor<T>::uninitialized(output_shape(x, out));
   T* py = y.data();
+  if (bias == nullptr && in == 0) std::fill_n(py, y.numel(), T{0});
   if (bias != nullptr) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t o = 0; o < out; ++o) py[r * out + o] = bias[o];
