@@ -765,8 +765,9 @@ TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
   // Stored as T itself (float as F32, double as F64): the values are the bytes.
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
-      data.bytes.resize(static_cast<size_t>(tensor.numel()) * sizeof(T));
-      if (!data.bytes.empty()) std::memcpy(data.bytes.data(), tensor.data(), data.bytes.size());
+      // Constructed from the range: one pass (resize then memcpy wrote every byte twice).
+      const auto* first = reinterpret_cast<const std::byte*>(tensor.data());
+      data.bytes.assign(first, first + static_cast<size_t>(tensor.numel()) * sizeof(T));
       return data;
     }
   }
