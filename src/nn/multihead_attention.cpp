@@ -362,7 +362,7 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   c.dropout_seed = c.dropout_p > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
   attention::Options<T> opt = core_options(c, backend);
   opt.need_weights = args.need_weights;
-  Tensor<T> merged({n, len, e});
+  auto merged = Tensor<T>::uninitialized({n, len, e});  // sdpa_forward_into writes it in full
   Tensor<double> logsumexp({n, heads, len});
   std::optional<Tensor<T>> weights;
   if (args.need_weights) weights = Tensor<T>({n, heads, len, k.size(1)});
