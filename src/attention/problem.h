@@ -77,8 +77,10 @@ struct Masks {
   }
 };
 
-// What a backend's forward reads and writes. The outputs are zero when the backend starts;
-// weights is absent unless the call asked for them.
+// What a backend's forward reads and writes. Every backend writes every element of logsumexp;
+// cpu_flash also every element of output, which the reference adds into (it starts at 0 there).
+// The weights start at 0 (cpu_flash leaves the keys causality hides unwritten); absent unless
+// the call asked for them.
 template <class T>
 struct ForwardArgs {
   Rows<const T> query, key, value;

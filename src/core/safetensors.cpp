@@ -712,7 +712,7 @@ Tensor<T> to_tensor(const TensorRef& data, const std::string& name) {
   const uint64_t needed = byte_size(data.shape, data.dtype, where);
   check(data.bytes.size() == needed, where, ": has ", data.bytes.size(), " bytes but shape ",
         mha::to_string(data.shape), " of ", to_string(data.dtype), " needs ", needed);
-  Tensor<T> out(data.shape);
+  auto out = Tensor<T>::uninitialized(data.shape);  // every element is written below
   // Stored as T itself (F32 into float, F64 into double): the bytes are the values.
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (data.dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
@@ -765,8 +765,9 @@ TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
   // Stored as T itself (float as F32, double as F64): the values are the bytes.
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
-      data.bytes.resize(static_cast<size_t>(tensor.numel()) * sizeof(T));
-      if (!data.bytes.empty()) std::memcpy(data.bytes.data(), tensor.data(), data.bytes.size());
+      // Constructed from the range: one pass (resize then memcpy wrote every byte twice).
+      const auto* first = reinterpret_cast<const std::byte*>(tensor.data());
+      data.bytes.assign(first, first + static_cast<size_t>(tensor.numel()) * sizeof(T));
       return data;
     }
   }

@@ -494,7 +494,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
   attention::Options<T> opt = core_options<T>(view_of(masks.attend_mask), view_of(masks.additive_mask), masks.causal,
                                               dropout_p, dropout_seed, backend);
   opt.need_weights = args.need_weights;
-  Tensor<T> merged({n, len, e});
+  auto merged = Tensor<T>::uninitialized({n, len, e});  // sdpa_forward_into writes it in full
   Tensor<double> logsumexp({n, heads, len});
   std::optional<Tensor<T>> weights_out;
   if (args.need_weights) weights_out = Tensor<T>({n, heads, len, k.size(1)});

@@ -61,6 +61,17 @@ class Tensor {
   Tensor(Shape shape, std::initializer_list<T> values)
       : Tensor(std::move(shape), std::span<const T>(values.begin(), values.size())) {}
 
+  // A tensor whose values are unspecified, for a result the caller then writes in full. It skips
+  // the fill: on a large fresh tensor that is a second pass over memory the kernel has just
+  // zeroed, and the first touch moves to the (often parallel) code that writes the values.
+  static Tensor uninitialized(Shape shape) {
+    Tensor t;
+    t.shape_ = std::move(shape);
+    t.numel_ = checked_numel(t.shape_);
+    t.allocate();
+    return t;
+  }
+
   Tensor(const Tensor& other) : shape_(other.shape_), numel_(other.numel_) {
     if (other.data_) {
       allocate();

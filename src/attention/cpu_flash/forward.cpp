@@ -125,7 +125,8 @@ void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Forwar
         double& lse = *a.logsumexp.row(b, h, i);
         if (row_sum[r] == 0.0) {
           lse = -std::numeric_limits<double>::infinity();
-          continue;  // the output is already 0
+          std::fill(o, o + Dv, 0.0f);  // every output row is written here (attention.cpp relies on it)
+          continue;
         }
         lse = static_cast<double>(row_max[r]) + std::log(row_sum[r]);
         const float inv_sum = static_cast<float>(1.0 / row_sum[r]);
