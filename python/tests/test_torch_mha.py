@@ -449,3 +449,17 @@ def test_bad_inputs_raise_python_exceptions():
         with pytest.raises(error) as info:
             module(**arguments)
         assert message in str(info.value)
+
+
+@pytest.mark.parametrize("query_shape, key_shape", [((2, 0, 8), (2, 3, 8)), ((2, 3, 8), (2, 0, 8)),
+                                                    ((0, 3, 8), (0, 4, 8))])
+def test_empty_sequences_and_batches(query_shape, key_shape):
+    # numpy >= 2 strides empty arrays 0; mha reads no memory there and takes them.
+    reference, ours = modules(dict(embed_dim=8, num_heads=2, batch_first=True), torch.float64)
+    q, k = make(*query_shape), make(*key_shape, seed=1)
+    expected = run(reference, [q, k, k], torch.ones(query_shape, dtype=torch.float64), {})
+    got = run(ours, [q, k, k], torch.ones(query_shape, dtype=torch.float64), {})
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
+    for name in expected[2]:
+        torch.testing.assert_close(got[2][name], expected[2][name], rtol=0, atol=1e-12, msg=name)

@@ -13,12 +13,12 @@ template <class T>
 int64_t check_input(const View<const T>& x, int64_t in_features, const std::string& what) {
   check(x.defined(), what, ": input: expected a tensor of shape (..., ", in_features,
         "), got an undefined (default-constructed) tensor");
-  check(x.contiguous(), what, ": input: expected contiguous (row-major) memory, got shape ", to_string(x.shape()),
-        " with strides ", to_string(x.strides()));
+  check(row_major(x), what, ": input: expected contiguous (row-major) memory, got shape ", x.shape(),
+        " with strides ", x.strides());
   check(x.dim() >= 1, what, ": input: expected a tensor of rank >= 1 with last dimension ",
-        in_features, " (in_features), got shape ", to_string(x.shape()));
+        in_features, " (in_features), got shape ", x.shape());
   check(x.size(x.dim() - 1) == in_features, what, ": input: expected last dimension ", in_features,
-        " (in_features), got shape ", to_string(x.shape()));
+        " (in_features), got shape ", x.shape());
   return in_features == 0 ? checked_numel(Shape(x.shape().begin(), x.shape().end() - 1))
                           : x.numel() / in_features;
 }
@@ -62,7 +62,7 @@ WeightView<T> weight_rows(const Tensor<T>& weight, int64_t row_begin, int64_t ro
   WeightView<T> all = weight_view(weight, what);
   check(row_begin >= 0 && row_count >= 0 && row_begin <= all.rows - row_count, what,
         ": expected rows [", row_begin, ", ", row_begin + row_count, ") inside a tensor of shape ",
-        to_string(weight.shape()));
+        weight.shape());
   return {all.data + row_begin * all.cols, row_count, all.cols};
 }
 
@@ -101,11 +101,11 @@ Tensor<T> linear_backward(View<const T> x, WeightView<T> weight, View<const T> g
   const int64_t rows = check_input(x, weight.cols, what);
   const int64_t in = weight.cols;
   const int64_t out = weight.rows;
-  check(grad_y.defined(), what, ": grad_output: expected shape ", to_string(output_shape(x, out)),
+  check(grad_y.defined(), what, ": grad_output: expected shape ", output_shape(x, out),
         ", got an undefined tensor");
   check_shape(grad_y.shape(), output_shape(x, out), what + ": grad_output");
-  check(grad_y.contiguous(), what, ": grad_output: expected contiguous (row-major) memory, got strides ",
-        to_string(grad_y.strides()));
+  check(row_major(grad_y), what, ": grad_output: expected contiguous (row-major) memory, got strides ",
+        grad_y.strides());
 
   Tensor<T> grad_x(x.shape());
   if (in > 0 && out > 0) {
@@ -160,7 +160,7 @@ Tensor<T> linear_backward(const Tensor<T>& x, const Tensor<T>& weight, const Ten
                           std::type_identity_t<Tensor<T>>* grad_bias) {
   const WeightView<T> w = weight_view(weight, "linear: weight");
   if (grad_weight != nullptr) {
-    check(grad_weight->defined(), "linear: grad_weight: expected shape ", to_string(weight.shape()),
+    check(grad_weight->defined(), "linear: grad_weight: expected shape ", weight.shape(),
           ", got an undefined tensor");
     check_shape(grad_weight->shape(), weight.shape(), "linear: grad_weight");
   }

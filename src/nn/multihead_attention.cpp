@@ -159,14 +159,14 @@ void check_parameter(const char* what, const char* name, const View<T>& w, bool 
                      const char* why) {
   if (!expected) {
     check(!w.defined(), "MultiheadAttention: ", what, name, ": expected none (", why, "), got shape ",
-          to_string(w.shape()));
+          w.shape());
     return;
   }
-  check(w.defined(), "MultiheadAttention: ", what, name, ": expected shape ", to_string(shape), " (", why,
+  check(w.defined(), "MultiheadAttention: ", what, name, ": expected shape ", shape, " (", why,
         "), got none");
   if (w.shape() != shape) check_shape(w.shape(), shape, std::string("MultiheadAttention: ") + what + name);
-  check(w.contiguous(), "MultiheadAttention: ", what, name, ": expected contiguous (row-major) memory, got strides ",
-        to_string(w.strides()), " for shape ", to_string(w.shape()));
+  check(row_major(w), "MultiheadAttention: ", what, name, ": expected contiguous (row-major) memory, got strides ",
+        w.strides(), " for shape ", w.shape());
 }
 
 // Calls f(name, weight, gradient-or-weight, expected, shape, why) for each parameter in
@@ -275,7 +275,7 @@ MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOpt
       attn_mask = reshape_mask(*attn_mask, {1, 1, len, src_len});
     } else {
       check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
-            to_string(s));
+            s);
       check_shape(s, {checked_numel({n, heads}, "attn_mask: N*num_heads"), len, src_len},
                   unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
       attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
@@ -437,29 +437,29 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
 
   // 1. Layout: everything internal is batch-first (N, L, ·). Unbatched input is (L, ·).
   check(query.dim() == 2 || query.dim() == 3, "query: expected a 3-D tensor ", layout,
-        " or a 2-D unbatched tensor (L, E), got shape ", to_string(query.shape()));
+        " or a 2-D unbatched tensor (L, E), got shape ", query.shape());
   const bool unbatched = query.dim() == 2;
   check(key.dim() == query.dim() && value.dim() == query.dim(), "key/value: expected ", query.dim(),
-        "-D tensors like query ", to_string(query.shape()), ", got key ", to_string(key.shape()),
-        " and value ", to_string(value.shape()));
+        "-D tensors like query ", query.shape(), ", got key ", key.shape(),
+        " and value ", value.shape());
   for (auto [name, x] : {std::pair<const char*, const View<const T>*>{"query", &query}, {"key", &key}, {"value", &value}})
-    check(x->contiguous(), name, ": expected contiguous (row-major) memory, got shape ", to_string(x->shape()),
-          " with strides ", to_string(x->strides()));
+    check(row_major(*x), name, ": expected contiguous (row-major) memory, got shape ", x->shape(),
+          " with strides ", x->strides());
   const BatchFirst<T> q_in = batch_first_input(query, unbatched, options.batch_first);
   const BatchFirst<T> k_in = batch_first_input(key, unbatched, options.batch_first);
   const BatchFirst<T> v_in = batch_first_input(value, unbatched, options.batch_first);
   const int64_t n = q_in.view.size(0), len = q_in.view.size(1), src_len = k_in.view.size(1);
   check(q_in.view.size(2) == e, "query: expected last dimension embed_dim = ", e, ", got shape ",
-        to_string(query.shape()));
+        query.shape());
   check(k_in.view.size(2) == *options.kdim, "key: expected last dimension kdim = ", *options.kdim, ", got shape ",
-        to_string(key.shape()));
+        key.shape());
   check(v_in.view.size(2) == *options.vdim, "value: expected last dimension vdim = ", *options.vdim, ", got shape ",
-        to_string(value.shape()));
+        value.shape());
   check(k_in.view.size(0) == n && v_in.view.size(0) == n, "key/value: expected batch size ", n,
-        " (from query ", to_string(query.shape()), "), got key ", to_string(key.shape()), " and value ",
-        to_string(value.shape()));
+        " (from query ", query.shape(), "), got key ", key.shape(), " and value ",
+        value.shape());
   check(v_in.view.size(1) == src_len, "value: expected the same sequence length as key (", src_len,
-        "), got shape ", to_string(value.shape()));
+        "), got shape ", value.shape());
 
   // 2. Masks, in the attention core's form: checked before any work is done, and already with
   // the key columns that steps 4 and 5 append.
@@ -546,16 +546,17 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
   // What forward saw and computed, checked against each other: the inputs fix N, L and S.
   for (auto [name, x] : {std::pair<const char*, const View<const T>*>{"query", &saved.query}, {"key", &saved.key},
                          {"value", &saved.value}, {"q", &saved.q}, {"k", &saved.k}, {"v", &saved.v},
-                         {"merged", &saved.merged}})
-    check(x->defined() && x->contiguous(), "MultiheadAttention backward: saved.", name,
-          ": expected contiguous memory as forward saved it, got ",
-          x->defined() ? "strides " + to_string(x->strides()) + " for shape " + to_string(x->shape()) : "none");
+                         {"merged", &saved.merged}}) {
+    check(x->defined(), "MultiheadAttention backward: saved.", name, ": expected what forward saved, got none");
+    check(row_major(*x), "MultiheadAttention backward: saved.", name, ": expected contiguous memory, got strides ",
+          x->strides(), " for shape ", x->shape());
+  }
   check(saved.query.dim() == 2 || saved.query.dim() == 3, "MultiheadAttention backward: saved.query: expected 2-D "
-        "or 3-D, got shape ", to_string(saved.query.shape()));
+        "or 3-D, got shape ", saved.query.shape());
   const bool unbatched = saved.query.dim() == 2;
   check(saved.key.dim() == saved.query.dim() && saved.value.dim() == saved.query.dim(),
         "MultiheadAttention backward: saved.key/value: expected ", saved.query.dim(), "-D like saved.query, got ",
-        to_string(saved.key.shape()), " and ", to_string(saved.value.shape()));
+        saved.key.shape(), " and ", saved.value.shape());
   const BatchFirst<T> q_in = batch_first_input(saved.query, unbatched, options.batch_first);
   const BatchFirst<T> k_in = batch_first_input(saved.key, unbatched, options.batch_first);
   const BatchFirst<T> v_in = batch_first_input(saved.value, unbatched, options.batch_first);
@@ -567,8 +568,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
   check_shape(saved.merged.shape(), {n, len, e}, "MultiheadAttention backward: saved.merged");
   const Shape expected_shape = unbatched ? Shape{len, e} : (options.batch_first ? Shape{n, len, e} : Shape{len, n, e});
   check_shape(grad_output.shape(), expected_shape, "grad_output");
-  check(grad_output.contiguous(), "grad_output: expected contiguous (row-major) memory, got strides ",
-        to_string(grad_output.strides()));
+  check(row_major(grad_output), "grad_output: expected contiguous (row-major) memory, got strides ",
+        grad_output.strides());
   const BatchFirst<T> grad_in = batch_first_input(grad_output, unbatched, options.batch_first);
 
   // 9. out_proj.

@@ -69,6 +69,13 @@ class View {
   int64_t numel_ = 0;
 };
 
+// Memory a function may read as row-major: a contiguous view, or an empty one (it addresses no
+// memory, so its strides do not matter; numpy >= 2 gives empty arrays strides of 0).
+template <class T>
+bool row_major(const View<T>& v) {
+  return v.numel() == 0 || v.contiguous();
+}
+
 // The half-open address range [first, last + 1) of a view's elements, in bytes; empty for a view
 // of no elements. Two views whose ranges do not intersect share no element.
 template <class T>
