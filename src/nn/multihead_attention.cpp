@@ -495,7 +495,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
                                               dropout_p, dropout_seed, backend);
   opt.need_weights = args.need_weights;
   auto merged = Tensor<T>::uninitialized({n, len, e});  // sdpa_forward_into writes it in full
-  Tensor<double> logsumexp({n, heads, len});
+  auto logsumexp = Tensor<double>::uninitialized({n, heads, len});  // written in full, as merged
   std::optional<Tensor<T>> weights_out;
   if (args.need_weights) weights_out = Tensor<T>({n, heads, len, k.size(1)});
   attention::sdpa_forward_into<T>(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads),
@@ -578,7 +578,9 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
                                              "MultiheadAttention: out_proj");
   // 8–5. Merge heads, attention, split heads, on (N, ·, E) memory seen as heads (as forward),
   // with the masks, causality and dropout forward used.
-  Tensor<T> grad_q(saved.q.shape()), grad_k(saved.k.shape()), grad_v(saved.v.shape());
+  // sdpa_backward_into overwrites every element of its outputs.
+  auto grad_q = Tensor<T>::uninitialized(saved.q.shape()), grad_k = Tensor<T>::uninitialized(saved.k.shape()),
+       grad_v = Tensor<T>::uninitialized(saved.v.shape());
   attention::sdpa_backward_into<T>(heads_view(saved.q, heads), heads_view(saved.k, heads), heads_view(saved.v, heads),
                                    heads_view(saved.merged, heads), saved.logsumexp, heads_view(grad_merged, heads),
                                    {heads_view(grad_q, heads), heads_view(grad_k, heads), heads_view(grad_v, heads)},
