@@ -19,9 +19,7 @@ torch.get_num_threads() for both (OMP_NUM_THREADS, default all cores). Writes
 """
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -30,19 +28,11 @@ import mha
 import mha.torch
 from mha import _mha
 
+from bench import median_seconds  # bench.py, beside this file (the script's folder is on sys.path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [(1, 8, 128, 64), (4, 8, 2048, 64)]  # the small one shows the binding's overhead
 MODULE_SHAPES = [(1, 128, 512, 8), (4, 2048, 512, 8)]  # (N, L, E, heads)
-
-
-def median_seconds(run, repeats):
-    run()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def bench_shape(B, H, L, d, repeats):
