@@ -85,24 +85,25 @@ void sdpa_forward(const In<T>& query, const In<T>& key, const In<T>& value, cons
                   double dropout_p, uint64_t dropout_seed, int num_threads) {
   OpenMPThreads threads(num_threads);
   mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp), {}};
-  mha::attention::sdpa_forward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value), out,
-                                       options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
+  mha::attention::sdpa_forward_into<T>(
+      view<const T>(query), view<const T>(key), view<const T>(value), out,
+      options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
 }
 
 template <class T>
 void sdpa_backward(const In<T>& query, const In<T>& key, const In<T>& value, const In<T>& output,
                    const In<double>& logsumexp, const In<T>& grad_output, const Out<T>& grad_query,
-                   const Out<T>& grad_key, const Out<T>& grad_value, const std::optional<In<bool>>& attend_mask,
-                   const std::optional<In<T>>& additive_mask, Causal causal, std::optional<double> scale,
-                   double dropout_p, uint64_t dropout_seed, int num_threads) {
+                   const Out<T>& grad_key, const Out<T>& grad_value,
+                   const std::optional<In<bool>>& attend_mask, const std::optional<In<T>>& additive_mask,
+                   Causal causal, std::optional<double> scale, double dropout_p, uint64_t dropout_seed,
+                   int num_threads) {
   OpenMPThreads threads(num_threads);
   mha::attention::GradientOutputs<T> grads{view<T>(grad_query), view<T>(grad_key), view<T>(grad_value)};
-  mha::attention::sdpa_backward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value),
-                                        view<const T>(output), view<const double>(logsumexp),
-                                        view<const T>(grad_output), grads,
-                                        options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
+  mha::attention::sdpa_backward_into<T>(
+      view<const T>(query), view<const T>(key), view<const T>(value), view<const T>(output),
+      view<const double>(logsumexp), view<const T>(grad_output), grads,
+      options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // nn.MultiheadAttention's computation (mha::nn::multihead_attention_forward / _backward) on
@@ -144,13 +145,14 @@ mha::View<T> optional_out(const std::optional<Out<T>>& a) {
 // The parameters in state_dict order, each None when the module has none.
 template <class T>
 struct WeightArrays {
-  std::optional<In<T>> in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v;
+  std::optional<In<T>> in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k,
+      bias_v;
   In<T> out_proj_weight;
   std::optional<In<T>> out_proj_bias;
 
   mha::nn::MultiheadAttentionWeights<T> views() const {
-    return {optional_view(in_proj_weight), optional_view(q_proj_weight), optional_view(k_proj_weight),
-            optional_view(v_proj_weight),  optional_view(in_proj_bias),  optional_view(bias_k),
+    return {optional_view(in_proj_weight), optional_view(q_proj_weight),   optional_view(k_proj_weight),
+            optional_view(v_proj_weight),  optional_view(in_proj_bias),    optional_view(bias_k),
             optional_view(bias_v),         view<const T>(out_proj_weight), optional_view(out_proj_bias)};
   }
 };
@@ -184,32 +186,29 @@ nb::ndarray<nb::numpy, T> to_numpy(mha::Tensor<T>&& t) {
 }
 
 template <class T>
-nb::tuple multihead_attention_forward(const In<T>& query, const In<T>& key, const In<T>& value,
-    const std::optional<In<T>>& in_proj_weight,
-    const std::optional<In<T>>& q_proj_weight,
-    const std::optional<In<T>>& k_proj_weight,
-    const std::optional<In<T>>& v_proj_weight,
-    const std::optional<In<T>>& in_proj_bias,
-    const std::optional<In<T>>& bias_k,
-    const std::optional<In<T>>& bias_v,
-    const In<T>& out_proj_weight,
+nb::tuple multihead_attention_forward(
+    const In<T>& query, const In<T>& key, const In<T>& value, const std::optional<In<T>>& in_proj_weight,
+    const std::optional<In<T>>& q_proj_weight, const std::optional<In<T>>& k_proj_weight,
+    const std::optional<In<T>>& v_proj_weight, const std::optional<In<T>>& in_proj_bias,
+    const std::optional<In<T>>& bias_k, const std::optional<In<T>>& bias_v, const In<T>& out_proj_weight,
     const std::optional<In<T>>& out_proj_bias, const std::optional<MaskArray<T>>& key_padding_mask,
-                                      const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim,
-                                      int64_t vdim, int64_t num_heads, bool add_zero_attn, bool batch_first,
-                                      bool need_weights, bool average_attn_weights, bool is_causal, double dropout_p,
-                                      uint64_t dropout_seed, int num_threads) {
-  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, out_proj_weight, out_proj_bias};
-  const auto options = module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
-  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights, module_mask<T>(attn_mask),
-                                          average_attn_weights, is_causal};
+    const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim, int64_t vdim,
+    int64_t num_heads, bool add_zero_attn, bool batch_first, bool need_weights, bool average_attn_weights,
+    bool is_causal, double dropout_p, uint64_t dropout_seed, int num_threads) {
+  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight,   v_proj_weight, in_proj_bias,
+                                bias_k,         bias_v,        out_proj_weight, out_proj_bias};
+  const auto options =
+      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
+  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights,
+                                          module_mask<T>(attn_mask), average_attn_weights, is_causal};
   mha::nn::MultiheadAttentionOutput<T> out;
   mha::nn::MultiheadAttentionCache<T> cache;
   {
     nb::gil_scoped_release released;
     OpenMPThreads threads(num_threads);
-    out = mha::nn::multihead_attention_forward<T>(options, weights.views(), view<const T>(query), view<const T>(key),
-                                                  view<const T>(value), args, dropout_p > 0, dropout_seed,
-                                                  mha::attention::Backend::automatic, &cache);
+    out = mha::nn::multihead_attention_forward<T>(
+        options, weights.views(), view<const T>(query), view<const T>(key), view<const T>(value), args,
+        dropout_p > 0, dropout_seed, mha::attention::Backend::automatic, &cache);
   }
   nb::object attn_weights = nb::none();
   if (out.attn_weights) attn_weights = nb::cast(to_numpy(std::move(*out.attn_weights)));
@@ -219,44 +218,43 @@ nb::tuple multihead_attention_forward(const In<T>& query, const In<T>& key, cons
 }
 
 template <class T>
-nb::tuple multihead_attention_backward(const In<T>& grad_output, const In<T>& query, const In<T>& key,
-                                       const In<T>& value,
-    const std::optional<In<T>>& in_proj_weight,
-    const std::optional<In<T>>& q_proj_weight,
-    const std::optional<In<T>>& k_proj_weight,
-    const std::optional<In<T>>& v_proj_weight,
-    const std::optional<In<T>>& in_proj_bias,
-    const std::optional<In<T>>& bias_k,
-    const std::optional<In<T>>& bias_v,
-    const In<T>& out_proj_weight,
-    const std::optional<In<T>>& out_proj_bias,
-                                       const std::optional<MaskArray<T>>& key_padding_mask,
-                                       const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim,
-                                       int64_t vdim, int64_t num_heads, bool add_zero_attn, bool batch_first,
-                                       bool need_weights, bool is_causal, double dropout_p, uint64_t dropout_seed,
-                                       const In<T>& q, const In<T>& k, const In<T>& v, const In<double>& logsumexp,
-                                       const In<T>& merged,
-    const std::optional<Out<T>>& grad_in_proj_weight,
-    const std::optional<Out<T>>& grad_q_proj_weight,
-    const std::optional<Out<T>>& grad_k_proj_weight,
-    const std::optional<Out<T>>& grad_v_proj_weight,
-    const std::optional<Out<T>>& grad_in_proj_bias,
-    const std::optional<Out<T>>& grad_bias_k,
-    const std::optional<Out<T>>& grad_bias_v,
-    const std::optional<Out<T>>& grad_out_proj_weight,
-    const std::optional<Out<T>>& grad_out_proj_bias, int num_threads) {
-  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, out_proj_weight, out_proj_bias};
-  const auto options = module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
-  const mha::nn::MultiheadAttentionWeightGradients<T> grad_views{optional_out(grad_in_proj_weight), optional_out(grad_q_proj_weight), optional_out(grad_k_proj_weight), optional_out(grad_v_proj_weight), optional_out(grad_in_proj_bias), optional_out(grad_bias_k), optional_out(grad_bias_v), optional_out(grad_out_proj_weight), optional_out(grad_out_proj_bias)};
-  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights, module_mask<T>(attn_mask),
-                                          true, is_causal};
+nb::tuple multihead_attention_backward(
+    const In<T>& grad_output, const In<T>& query, const In<T>& key, const In<T>& value,
+    const std::optional<In<T>>& in_proj_weight, const std::optional<In<T>>& q_proj_weight,
+    const std::optional<In<T>>& k_proj_weight, const std::optional<In<T>>& v_proj_weight,
+    const std::optional<In<T>>& in_proj_bias, const std::optional<In<T>>& bias_k,
+    const std::optional<In<T>>& bias_v, const In<T>& out_proj_weight,
+    const std::optional<In<T>>& out_proj_bias, const std::optional<MaskArray<T>>& key_padding_mask,
+    const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim, int64_t vdim,
+    int64_t num_heads, bool add_zero_attn, bool batch_first, bool need_weights, bool is_causal,
+    double dropout_p, uint64_t dropout_seed, const In<T>& q, const In<T>& k, const In<T>& v,
+    const In<double>& logsumexp, const In<T>& merged, const std::optional<Out<T>>& grad_in_proj_weight,
+    const std::optional<Out<T>>& grad_q_proj_weight, const std::optional<Out<T>>& grad_k_proj_weight,
+    const std::optional<Out<T>>& grad_v_proj_weight, const std::optional<Out<T>>& grad_in_proj_bias,
+    const std::optional<Out<T>>& grad_bias_k, const std::optional<Out<T>>& grad_bias_v,
+    const std::optional<Out<T>>& grad_out_proj_weight, const std::optional<Out<T>>& grad_out_proj_bias,
+    int num_threads) {
+  const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight,   v_proj_weight, in_proj_bias,
+                                bias_k,         bias_v,        out_proj_weight, out_proj_bias};
+  const auto options =
+      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
+  const mha::nn::MultiheadAttentionWeightGradients<T> grad_views{
+      optional_out(grad_in_proj_weight), optional_out(grad_q_proj_weight),
+      optional_out(grad_k_proj_weight),  optional_out(grad_v_proj_weight),
+      optional_out(grad_in_proj_bias),   optional_out(grad_bias_k),
+      optional_out(grad_bias_v),         optional_out(grad_out_proj_weight),
+      optional_out(grad_out_proj_bias)};
+  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights,
+                                          module_mask<T>(attn_mask), true, is_causal};
   mha::nn::MultiheadAttentionGradients<T> out;
   {
     nb::gil_scoped_release released;
     OpenMPThreads threads(num_threads);
     // The canonical masks, as forward made them from the same arguments.
-    mha::check(query.ndim() == 2 || query.ndim() == 3, "query: expected 2-D or 3-D, got ", query.ndim(), "-D");
-    mha::check(key.ndim() == query.ndim(), "key: expected ", query.ndim(), "-D like query, got ", key.ndim(), "-D");
+    mha::check(query.ndim() == 2 || query.ndim() == 3, "query: expected 2-D or 3-D, got ", query.ndim(),
+               "-D");
+    mha::check(key.ndim() == query.ndim(), "key: expected ", query.ndim(), "-D like query, got ", key.ndim(),
+               "-D");
     const bool unbatched = query.ndim() == 2;
     const size_t batch_axis = batch_first ? 0 : 1, seq_axis = unbatched || !batch_first ? 0 : 1;
     const auto n = unbatched ? int64_t{1} : static_cast<int64_t>(query.shape(batch_axis));
@@ -277,8 +275,8 @@ nb::tuple multihead_attention_backward(const In<T>& grad_output, const In<T>& qu
     saved.causal = masks.causal;
     saved.dropout_p = dropout_p;
     saved.dropout_seed = dropout_p > 0 ? dropout_seed : 0;
-    out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output), saved,
-                                                   grad_views);
+    out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output),
+                                                   saved, grad_views);
   }
   return nb::make_tuple(to_numpy(std::move(out.grad_query)), to_numpy(std::move(out.grad_key)),
                         to_numpy(std::move(out.grad_value)));
@@ -293,36 +291,52 @@ void define(nb::module_& m) {
         "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L).");
   m.def("sdpa_backward", &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
-        "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(), "grad_query"_a.noconvert(),
-        "grad_key"_a.noconvert(), "grad_value"_a.noconvert(), "attend_mask"_a.noconvert().none(),
-        "additive_mask"_a.noconvert().none(), "causal"_a, "scale"_a.none(), "dropout_p"_a, "dropout_seed"_a,
-        "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
+        "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
+        "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),
+        "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "causal"_a,
+        "scale"_a.none(), "dropout_p"_a, "dropout_seed"_a, "num_threads"_a,
+        nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention backward into `grad_query`, `grad_key` and `grad_value`.");
   // Not call_guard'ed: they release the GIL themselves, around the computation only (their
   // results become numpy arrays, which needs the GIL).
-  m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(),
-        "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(), "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(), "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
-        "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a,
-        "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "average_attn_weights"_a, "is_causal"_a,
-        "dropout_p"_a, "dropout_seed"_a, "num_threads"_a,
-        "nn.MultiheadAttention's forward on these parameters: (output, attn_weights or None, q, k, v, logsumexp, "
+  m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(),
+        "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(),
+        "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(),
+        "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(),
+        "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(), "out_proj_weight"_a.noconvert(),
+        "out_proj_bias"_a.noconvert().none(), "key_padding_mask"_a.noconvert().none(),
+        "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a, "num_heads"_a, "add_zero_attn"_a,
+        "batch_first"_a, "need_weights"_a, "average_attn_weights"_a, "is_causal"_a, "dropout_p"_a,
+        "dropout_seed"_a, "num_threads"_a,
+        "nn.MultiheadAttention's forward on these parameters: (output, attn_weights or None, q, k, v, "
+        "logsumexp, "
         "merged), the last five for multihead_attention_backward.");
   m.def("multihead_attention_backward", &multihead_attention_backward<T>, "grad_output"_a.noconvert(),
-        "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(), "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(), "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
-        "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a,
-        "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "is_causal"_a, "dropout_p"_a,
-        "dropout_seed"_a, "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(), "logsumexp"_a.noconvert(),
-        "merged"_a.noconvert(), "grad_in_proj_weight"_a.noconvert().none(), "grad_q_proj_weight"_a.noconvert().none(), "grad_k_proj_weight"_a.noconvert().none(), "grad_v_proj_weight"_a.noconvert().none(), "grad_in_proj_bias"_a.noconvert().none(), "grad_bias_k"_a.noconvert().none(), "grad_bias_v"_a.noconvert().none(), "grad_out_proj_weight"_a.noconvert().none(), "grad_out_proj_bias"_a.noconvert().none(),
+        "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
+        "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(),
+        "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(),
+        "in_proj_bias"_a.noconvert().none(), "bias_k"_a.noconvert().none(), "bias_v"_a.noconvert().none(),
+        "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
+        "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a,
+        "vdim"_a, "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "is_causal"_a,
+        "dropout_p"_a, "dropout_seed"_a, "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(),
+        "logsumexp"_a.noconvert(), "merged"_a.noconvert(), "grad_in_proj_weight"_a.noconvert().none(),
+        "grad_q_proj_weight"_a.noconvert().none(), "grad_k_proj_weight"_a.noconvert().none(),
+        "grad_v_proj_weight"_a.noconvert().none(), "grad_in_proj_bias"_a.noconvert().none(),
+        "grad_bias_k"_a.noconvert().none(), "grad_bias_v"_a.noconvert().none(),
+        "grad_out_proj_weight"_a.noconvert().none(), "grad_out_proj_bias"_a.noconvert().none(),
         "num_threads"_a,
-        "nn.MultiheadAttention's backward: (grad_query, grad_key, grad_value); parameter gradients are added into "
+        "nn.MultiheadAttention's backward: (grad_query, grad_key, grad_value); parameter gradients are added "
+        "into "
         "the grad_* arrays given.");
 }
 
 }  // namespace
 
 NB_MODULE(_mha, m) {
-  m.doc() = "mha's scaled dot-product and multi-head attention on caller-owned arrays (use the mha package, not "
-            "this module)";
+  m.doc() =
+      "mha's scaled dot-product and multi-head attention on caller-owned arrays (use the mha package, not "
+      "this module)";
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
