@@ -7,6 +7,7 @@
 // Strides may be anything >= 0 (0 repeats an element: a broadcast); what a function accepts
 // beyond that (a contiguous last dimension, outputs whose elements do not overlap) it checks and
 // states in its own header.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -48,7 +49,9 @@ class View {
   bool defined() const { return data_ != nullptr || !shape_.empty(); }
 
   // Row-major with no gaps: the strides a Tensor of this shape has (size-1 dimensions excepted).
+  // A view of no elements is (it addresses no memory).
   bool contiguous() const {
+    if (numel_ == 0) return true;
     int64_t expected = 1;
     for (size_t i = shape_.size(); i-- > 0;) {
       if (shape_[i] != 1 && strides_[i] != expected) return false;
@@ -57,7 +60,10 @@ class View {
     return true;
   }
 
+  // A shape with a 0 gets strides 0, as numpy gives: no element is addressed, and the products
+  // of the other dimensions, which need not fit 64 bits then, are never formed.
   static Shape contiguous_strides(const Shape& shape) {
+    if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return Shape(shape.size(), 0);
     Shape strides(shape.size(), 1);
     for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
     return strides;
