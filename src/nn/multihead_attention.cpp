@@ -98,18 +98,12 @@ Tensor<T> append_row(const Tensor<T>& x, const T* row) {
   return out;
 }
 
-// Drops the last position of dim `axis` (the inverse of append_row / a zero-attention column).
+// (N, S+1, E) → (N, S, E): the inverse of append_row.
 template <class T>
-Tensor<T> drop_last(const Tensor<T>& x, int64_t axis) {
-  Shape shape = x.shape();
-  const int64_t len = shape[static_cast<size_t>(axis)];
-  int64_t outer = 1, inner = 1;
-  for (int64_t a = 0; a < axis; ++a) outer *= shape[static_cast<size_t>(a)];
-  for (int64_t a = axis + 1; a < x.dim(); ++a) inner *= shape[static_cast<size_t>(a)];
-  shape[static_cast<size_t>(axis)] = len - 1;
-  Tensor<T> out(shape);
-  for (int64_t o = 0; o < outer; ++o)
-    std::copy_n(x.data() + o * len * inner, (len - 1) * inner, out.data() + o * (len - 1) * inner);
+Tensor<T> drop_last_row(const Tensor<T>& x) {
+  const int64_t n = x.size(0), len = x.size(1), e = x.size(2);
+  auto out = Tensor<T>::uninitialized({n, len - 1, e});
+  for (int64_t b = 0; b < n; ++b) std::copy_n(x.data() + b * len * e, (len - 1) * e, out.data() + b * (len - 1) * e);
   return out;
 }
 
@@ -588,8 +582,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
                                                    saved.dropout_p, saved.dropout_seed, backend));
   // 5. add_zero_attn: the zero key/value are constants.
   if (options.add_zero_attn) {
-    grad_k = drop_last(grad_k, 1);
-    grad_v = drop_last(grad_v, 1);
+    grad_k = drop_last_row(grad_k);
+    grad_v = drop_last_row(grad_v);
   }
   // 4. add_bias_kv: the appended position's gradient belongs to bias_k / bias_v.
   if (options.add_bias_kv) {
@@ -599,8 +593,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
       for (int64_t b = 0; b < n; ++b)
         for (int64_t d = 0; d < e; ++d) grad->data()[d] += (*from)[(b * s + s - 1) * e + d];
     }
-    grad_k = drop_last(grad_k, 1);
-    grad_v = drop_last(grad_v, 1);
+    grad_k = drop_last_row(grad_k);
+    grad_v = drop_last_row(grad_v);
   }
   // 3. Input projections.
   T* in_bias_grad = data_or_null(grads.in_proj_bias);
