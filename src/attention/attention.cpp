@@ -194,17 +194,16 @@ void forward(View<const T> query, View<const T> key, View<const T> value, const 
           ", got ", out.weights.defined() ? "one" : "none");
     if (options.need_weights)
       check_output(out.weights, {p.batch, p.query_heads, p.query_len, p.key_len}, "weights", inputs, written);
-    a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
-    if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
+  }
+  a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
+  if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
+  a.logsumexp = lse_rows_of(out.logsumexp);
+  if (!fresh) {
     // Only what a backend does not write in full (problem.h): on a fresh output the zeroing would
     // be the first touch, on one thread, where cpu_flash touches it first on all of them.
     if (backend == Backend::reference) zero(out.output);
     if (options.need_weights) zero(out.weights);
-  } else {
-    a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
-    if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
   }
-  a.logsumexp = lse_rows_of(out.logsumexp);
   // No query rows (B, Hq or L is 0): the (empty) results are made; no backend multiplies sizes
   // of which one is 0 and the others may be huge (the checks above allow B·Hq past 64 bits when
   // L is 0, as a product with a zero factor is 0).

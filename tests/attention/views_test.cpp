@@ -45,11 +45,11 @@ struct Interleaved {
   }
   Tensor<T> to_tensor() const {
     Tensor<T> t(view.shape());
-    for (int64_t i = 0; i < t.numel(); ++i) t[i] = const_cast<Interleaved*>(this)->at(i);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = at(i);
     return t;
   }
-  // Element i of the row-major (B, H, N, D) order.
-  T& at(int64_t i) {
+  // Element i of the row-major (B, H, N, D) order (the view's memory is the storage's).
+  T& at(int64_t i) const {
     int64_t offset = 0;
     for (int64_t a = 3; a >= 0; --a) {
       offset += (i % view.size(a)) * view.stride(a);
