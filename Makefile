@@ -11,7 +11,9 @@
 #   make demo   deps + build + the Python package + a tour of four examples (scripts/demo.sh);
 #               pictures in build/demo/
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
-#               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py)
+#               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py),
+#               then sentence embeddings beside sentence-transformers and ONNX Runtime
+#               (scripts/bench/bench_embed.py); installs the peers (install_python_deps.sh --bench)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -80,11 +82,14 @@ demo: deps model build python-package
 	./scripts/demo.sh $(BUILD_DIR)
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
-# Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py).
+# Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
+# sentence embeddings (bench_embed.py). The peers are installed into .venv first.
 bench: TARGETS = mha_cli
 bench: deps model build python-package
-	python3 scripts/bench/bench.py $(BUILD_DIR)
+	./scripts/install_python_deps.sh --bench
+	$(PYTHON) scripts/bench/bench.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
+	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -5,6 +5,9 @@
 # is not downloaded again), then pip-installs what does not import yet: nanobind and
 # scikit-build-core to build the package, numpy, pytest, torch (the CPU wheel from PyPI) and
 # expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run).
+# With --bench also the peers `make bench` measures mha against: ONNX Runtime, and
+# sentence-transformers / transformers (+ onnxscript for torch.onnx.export) for the sentence
+# encoder's bench (scripts/bench/bench_embed.py).
 # Idempotent: a second run finds everything and only prints one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,14 @@ declare -A requirement=(
   [torch]="torch>=2.4"
   [expecttest]="expecttest"
 )
+if [[ "${1:-}" == "--bench" ]]; then
+  requirement+=(
+    [onnxruntime]="onnxruntime"
+    [onnxscript]="onnxscript"
+    [transformers]="transformers"
+    [sentence_transformers]="sentence-transformers"
+  )
+fi
 
 missing=()
 for module in "${!requirement[@]}"; do
