@@ -18,6 +18,7 @@ packages=(
   zlib1g-dev
   libhwy-dev
   libutf8proc-dev
+  libsleef-dev
   libgtest-dev
   libbenchmark-dev
   dataset-fashion-mnist
