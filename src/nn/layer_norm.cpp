@@ -52,12 +52,15 @@ Tensor<T> LayerNorm<T>::forward(const Tensor<T>& x, Cache* cache) const {
 
   const int64_t n = group_size_;
   const int64_t groups = x.numel() / n;
-  Tensor<T> y(x.shape());
-  Tensor<T> normalized(x.shape());
+  Tensor<T> y = Tensor<T>::uninitialized(x.shape());
+  // Without a cache (inference) nothing is kept for backward.
+  Tensor<T> normalized = cache != nullptr ? Tensor<T>::uninitialized(x.shape()) : Tensor<T>();
   Tensor<T> rstd(Shape(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k)));
   const T* px = x.data();
   const T* w = affine_ ? weight.data() : nullptr;
   const T* b = has_bias_ ? bias.data() : nullptr;
+  // Groups are independent: any split between threads gives the same bits.
+#pragma omp parallel for schedule(static) if (x.numel() >= 65536)
   for (int64_t g = 0; g < groups; ++g) {
     const T* xr = px + g * n;
     double mean = 0;
@@ -71,11 +74,11 @@ Tensor<T> LayerNorm<T>::forward(const Tensor<T>& x, Cache* cache) const {
     var /= static_cast<double>(n);
     const double r = 1.0 / std::sqrt(var + eps_);
     rstd[g] = static_cast<T>(r);
-    T* nr = normalized.data() + g * n;
+    T* nr = normalized.defined() ? normalized.data() + g * n : nullptr;
     T* yr = y.data() + g * n;
     for (int64_t i = 0; i < n; ++i) {
       const double xhat = (static_cast<double>(xr[i]) - mean) * r;
-      nr[i] = static_cast<T>(xhat);
+      if (nr != nullptr) nr[i] = static_cast<T>(xhat);
       double v = xhat;
       if (w != nullptr) v *= static_cast<double>(w[i]);
       if (b != nullptr) v += static_cast<double>(b[i]);
