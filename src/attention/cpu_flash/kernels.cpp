@@ -14,28 +14,10 @@
 
 namespace mha::attention::detail::cpu_flash {
 
-HWY_EXPORT(PanelWidth);
-HWY_EXPORT(Gemm);
-HWY_EXPORT(PackRows);
-HWY_EXPORT(PackTransposed);
 HWY_EXPORT(OnlineSoftmaxTile);
 HWY_EXPORT(ProbabilitiesTile);
 HWY_EXPORT(ScoreGradientsTile);
 HWY_EXPORT(DropoutTile);
-
-size_t panel_width() { return HWY_DYNAMIC_DISPATCH(PanelWidth)(); }
-
-void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(Gemm)(m, n, k, a, b, c, accumulate);
-}
-
-void pack_rows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
-  HWY_DYNAMIC_DISPATCH(PackRows)(x, ld, k, n, dst);
-}
-
-void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
-  HWY_DYNAMIC_DISPATCH(PackTransposed)(x, ld, n, k, dst);
-}
 
 void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum, float* out, size_t out_stride,
                          size_t out_cols) {

@@ -3,59 +3,26 @@
 // Each call goes through Highway's dynamic dispatch to the best target this CPU supports; the
 // per-target code is in kernels-inl.h.
 //
-// One matrix product serves all six products of attention (S = Q·Kᵀ, O += P·V, dP = dO·Vᵀ,
-// dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS, dQ += dS·K):
-//
-//   C[m × n] (+)= A[m × k] · B[k × n]
-//
-// A is any row-major matrix (a row stride, no copy). B is read in column panels of
-// panel_width() = W floats: within a panel, row kk is W contiguous floats, so the micro-kernel
-// streams B with whole-vector loads while it broadcasts A one element at a time. A packed
-// matrix (pack_rows, pack_transposed) stores its panels one after the other; a row-major tile
-// is already in panel form (panel p starts at column p·W, rows keep the tile's stride), which is
-// how P and dS enter as B without a copy.
+// One matrix product (core's panel_gemm::gemm, mha/core/panel_gemm.h) serves all six products
+// of attention (S = Q·Kᵀ, O += P·V, dP = dO·Vᵀ, dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS, dQ += dS·K); a
+// row-major tile is already in panel form, which is how P and dS enter as B without a copy.
 //
 // Every function here has the same contract on every target; only W and the speed differ.
 #include <cstddef>
 #include <cstdint>
 
+#include "mha/core/panel_gemm.h"
+
 namespace mha::attention::detail::cpu_flash {
 
-// A[r][kk] = data[r·stride + kk].
-struct MatrixA {
-  const float* data;
-  size_t stride;
-};
-
-// B[kk][p·W + c] = data[p·panel_stride + kk·stride + c], 0 <= c < W.
-struct PanelsB {
-  const float* data;
-  size_t stride;
-  size_t panel_stride;
-};
-
-// C[r][c] = data[r·stride + c].
-struct MatrixC {
-  float* data;
-  size_t stride;
-};
-
-// Floats per B panel on the chosen target: 64 with AVX-512 (6 × 4 vectors micro-kernel), 16 with
-// AVX2, 8 with SSE4 (6 × 2), 2 for scalar code. Always a divisor of 64.
-size_t panel_width();
-
-// C = A·B, or C += A·B when `accumulate`. The micro-kernel writes whole vectors: every row of C
-// must have room for n rounded up to a multiple of W; the extra columns get A·(B's extra
-// columns), so B must hold finite numbers there (the packers write zeros), and then an
-// accumulating C keeps its values in them.
-void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate);
-
-// Panel layouts (panel_stride = k·W, columns beyond n zero-filled up to the panel's end):
-//   pack_rows:       B = X,  X is k × n (row stride ld);  dst[p·k·W + kk·W + c] = X[kk][p·W + c]
-//   pack_transposed: B = Xᵀ, X is n × k (row stride ld);  dst[p·k·W + kk·W + c] = X[p·W + c][kk]
-// dst must hold round_up(n, W)·k floats.
-void pack_rows(const float* x, size_t ld, size_t k, size_t n, float* dst);
-void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst);
+// The matrix product and the packers are core's (mha/core/panel_gemm.h).
+using panel_gemm::gemm;
+using panel_gemm::MatrixA;
+using panel_gemm::MatrixC;
+using panel_gemm::pack_rows;
+using panel_gemm::pack_transposed;
+using panel_gemm::panel_width;
+using panel_gemm::PanelsB;
 
 // The per-element additions to one tile of scores S[rows × cols] (row r is query i0 + r,
 // column c is key j0 + c), on top of q·k (the kernels' callers fold the scale into q):

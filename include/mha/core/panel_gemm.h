@@ -1,0 +1,92 @@
+#pragma once
+// The float matrix product of mha's kernels: a Highway micro-kernel (6 rows × 4 vectors on
+// AVX-512, 6 × 2 on AVX2/SSE4; dispatched at run time, pinned by mha/core/simd.h) over B stored
+// in column panels, plus the packers that put a matrix in panel form. The cpu_flash attention
+// backend runs all six of its products on it; PackedLinear (below) runs y = x·Wᵀ + b on it with W
+// packed once, for inference, where a BLAS call would pack W again on every call (measured: that
+// repacking halves sgemm's rate at the few rows of one sentence).
+//
+//   C[m × n] (+)= A[m × k] · B[k × n]
+//
+// A is any row-major matrix (a row stride, no copy). B is read in column panels of
+// panel_width() = W floats: within a panel, row kk is W contiguous floats, so the micro-kernel
+// streams B with whole-vector loads while it broadcasts A one element at a time. A packed
+// matrix (pack_rows, pack_transposed) stores its panels one after the other; a row-major tile
+// is already in panel form (panel p starts at column p·W, rows keep the tile's stride).
+//
+// Every function here has the same contract on every target; only W and the speed differ. Each
+// element of C is summed over k in the same order whatever the target's W, so results depend
+// on the target (vector width, FMA) but never on threads.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "mha/core/tensor.h"
+#include "mha/core/view.h"
+
+namespace mha::panel_gemm {
+
+// A[r][kk] = data[r·stride + kk].
+struct MatrixA {
+  const float* data;
+  size_t stride;
+};
+
+// B[kk][p·W + c] = data[p·panel_stride + kk·stride + c], 0 <= c < W.
+struct PanelsB {
+  const float* data;
+  size_t stride;
+  size_t panel_stride;
+};
+
+// C[r][c] = data[r·stride + c].
+struct MatrixC {
+  float* data;
+  size_t stride;
+};
+
+// Floats per B panel on the chosen target: 64 with AVX-512 (6 × 4 vectors micro-kernel), 16 with
+// AVX2, 8 with SSE4 (6 × 2), 2 for scalar code. Always a divisor of 64.
+size_t panel_width();
+
+// C = A·B, or C += A·B when `accumulate`. The micro-kernel writes whole vectors: every row of C
+// must have room for n rounded up to a multiple of W; the extra columns get A·(B's extra
+// columns), so B must hold finite numbers there (the packers write zeros), and then an
+// accumulating C keeps its values in them.
+void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate);
+
+// Panel layouts (panel_stride = k·W, columns beyond n zero-filled up to the panel's end):
+//   pack_rows:       B = X,  X is k × n (row stride ld);  dst[p·k·W + kk·W + c] = X[kk][p·W + c]
+//   pack_transposed: B = Xᵀ, X is n × k (row stride ld);  dst[p·k·W + kk·W + c] = X[p·W + c][kk]
+// dst must hold round_up(n, W)·k floats.
+void pack_rows(const float* x, size_t ld, size_t k, size_t n, float* dst);
+void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst);
+
+// W (out_features, in_features) row-major, as torch.nn.Linear stores it, packed once as Wᵀ's
+// panels for the SIMD target chosen at packing time.
+class PackedLinear {
+ public:
+  PackedLinear() = default;
+  // weight: contiguous (out_features, in_features); bias: undefined or (out_features).
+  // Throws mha::Error naming `what` and the argument on a bad shape.
+  PackedLinear(View<const float> weight, View<const float> bias, const std::string& what = "PackedLinear");
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous; y is overwritten.
+  // Rows and panels are split between OpenMP threads; every element is computed by one thread
+  // in a fixed order, so the result is bitwise the same for any thread count. Throws mha::Error
+  // when the shapes do not match or the SIMD target changed since packing.
+  void forward(View<const float> x, View<float> y) const;
+  Tensor<float> forward(View<const float> x) const;
+
+ private:
+  int64_t in_ = 0, out_ = 0;
+  size_t width_ = 0;      // panel_width() when packed
+  Tensor<float> panels_;  // round_up(out, W) · in floats
+  Tensor<float> bias_;    // (out) or undefined
+  std::string what_;
+};
+
+}  // namespace mha::panel_gemm

@@ -1,0 +1,255 @@
+// panel_gemm.h's kernels, once per SIMD target (foreach_target), dispatched by Highway (chosen
+// once, at the first call; mha::pin_simd_target in mha/core/simd.h pins it). The targets are the
+// library's (HWY_DISABLED_TARGETS in CMakeLists.txt): the micro-kernel keeps its accumulators in
+// an array of vectors, which the scalable-vector targets (SVE, RVV) left out there do not allow.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/panel_gemm.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "mha/core/panel_gemm.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::panel_gemm::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_HAVE_SCALABLE
+#error "the micro-kernel holds arrays of vectors: scalable-vector targets are disabled in CMakeLists.txt"
+#endif
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// ------------------------------------------------------------------------------------------
+// Micro-kernel shape: kRows rows of C × kVectors vectors of columns, all held in registers.
+// With 32 vector registers (AVX-512, NEON): 6 × 4 = 24 accumulators + 4 B vectors + 1
+// broadcast A element = 29 registers, and per step of k 4 loads + 6 broadcasts feed 24 FMAs.
+// With 16 (AVX2, SSE4): 6 × 2 = 12 + 2 + 1 = 15 (the shape ggml and OpenBLAS use).
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kRows = 6, kVectors = 2;
+#else
+constexpr size_t kRows = 6, kVectors = 4;
+#endif
+// Steps of k per pass over C: the B chunk (kDepth × W floats, 32 KiB with AVX-512) stays in
+// L1 while every row strip of A streams past it.
+constexpr size_t kDepth = 128;
+
+size_t PanelWidth() { return kVectors * hn::Lanes(DF()); }
+
+HWY_INLINE size_t round_up_to(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// C[kM × kV·N] (+)= A[kM × k] · B[k × kV·N]: B row kk is kV vectors at b + kk·ldb; each A
+// element is broadcast once and multiplies the kV vectors of its B row.
+template <size_t kM, size_t kV>
+HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                            size_t k, float* HWY_RESTRICT c, size_t ldc, bool accumulate) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc[kM][kV];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kM; ++r) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) acc[r][v] = accumulate ? hn::LoadU(d, c + r * ldc + v * N) : hn::Zero(d);
+  }
+  for (size_t kk = 0; kk < k; ++kk) {
+    VF bv[kV];
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) bv[v] = hn::LoadU(d, b + kk * ldb + v * N);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < kM; ++r) {
+      const VF av = hn::Set(d, a[r * lda + kk]);
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < kM; ++r) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * N);
+  }
+}
+
+// The ragged edges (fewer rows, fewer vectors) use smaller instances of the same kernel.
+using MicroKernelFn = void (*)(const float*, size_t, const float*, size_t, size_t, float*, size_t, bool);
+
+template <size_t kM, size_t... kV>
+constexpr std::array<MicroKernelFn, sizeof...(kV)> MicroKernelRow(std::index_sequence<kV...>) {
+  return {&MicroKernel<kM, kV + 1>...};
+}
+template <size_t... kM>
+constexpr std::array<std::array<MicroKernelFn, kVectors>, kRows> MicroKernelTable(std::index_sequence<kM...>) {
+  return {MicroKernelRow<kM + 1>(std::make_index_sequence<kVectors>())...};
+}
+
+void Gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
+  static constexpr auto kEdgeKernels = MicroKernelTable(std::make_index_sequence<kRows>());
+  const size_t N = hn::Lanes(DF()), W = PanelWidth();
+  // k = 0 still has to write C = 0 when not accumulating: one pass with an empty depth.
+  for (size_t k0 = 0; k0 < k || (k0 == 0 && !accumulate); k0 += kDepth) {
+    const size_t depth = std::min(kDepth, k - k0);
+    const bool add = accumulate || k0 > 0;
+    for (size_t p = 0; p * W < n; ++p) {
+      const size_t vectors = std::min(W, n - p * W + N - 1) / N;
+      const float* panel = b.data + p * b.panel_stride + k0 * b.stride;
+      float* c_panel = c.data + p * W;
+      size_t r0 = 0;
+      if (vectors == kVectors) {
+        for (; r0 + kRows <= m; r0 += kRows)
+          MicroKernel<kRows, kVectors>(a.data + r0 * a.stride + k0, a.stride, panel, b.stride, depth,
+                                       c_panel + r0 * c.stride, c.stride, add);
+      }
+      for (; r0 < m; r0 += kRows) {
+        const size_t rows = std::min(kRows, m - r0);
+        kEdgeKernels[rows - 1][vectors - 1](a.data + r0 * a.stride + k0, a.stride, panel, b.stride, depth,
+                                            c_panel + r0 * c.stride, c.stride, add);
+      }
+    }
+    if (k == 0) break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Packers (O(rows·cols) copies, done once per head: plain loops suffice).
+
+void PackRows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
+  const size_t W = PanelWidth();
+  for (size_t p = 0; p * W < n; ++p) {
+    const size_t width = std::min(W, n - p * W);
+    float* panel = dst + p * k * W;
+    for (size_t kk = 0; kk < k; ++kk) {
+      std::memcpy(panel + kk * W, x + kk * ld + p * W, width * sizeof(float));
+      std::fill(panel + kk * W + width, panel + (kk + 1) * W, 0.0f);
+    }
+  }
+}
+
+void PackTransposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
+  const size_t W = PanelWidth();
+  for (size_t p = 0; p * W < n; ++p) {
+    const size_t width = std::min(W, n - p * W);
+    float* panel = dst + p * k * W;
+    for (size_t c = 0; c < width; ++c) {
+      const float* row = x + (p * W + c) * ld;
+      for (size_t kk = 0; kk < k; ++kk) panel[kk * W + c] = row[kk];
+    }
+    for (size_t kk = 0; kk < k; ++kk) std::fill(panel + kk * W + width, panel + (kk + 1) * W, 0.0f);
+  }
+}
+
+}  // namespace mha::panel_gemm::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
+
+#include <string>
+#include <vector>
+
+namespace mha::panel_gemm {
+
+HWY_EXPORT(PanelWidth);
+HWY_EXPORT(Gemm);
+HWY_EXPORT(PackRows);
+HWY_EXPORT(PackTransposed);
+
+size_t panel_width() { return HWY_DYNAMIC_DISPATCH(PanelWidth)(); }
+
+void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(Gemm)(m, n, k, a, b, c, accumulate);
+}
+
+void pack_rows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
+  HWY_DYNAMIC_DISPATCH(PackRows)(x, ld, k, n, dst);
+}
+
+void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
+  HWY_DYNAMIC_DISPATCH(PackTransposed)(x, ld, n, k, dst);
+}
+
+PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what)
+    : what_(what) {
+  check(weight.dim() == 2 && row_major(weight), what, ": weight: expected a contiguous 2-D (out_features, "
+        "in_features) view, got shape ", weight.shape(), " with strides ", weight.strides());
+  out_ = weight.size(0);
+  in_ = weight.size(1);
+  if (bias.defined()) {
+    check(bias.shape() == Shape{out_} && row_major(bias), what, ": bias: expected a contiguous (", out_,
+          ") view, got shape ", bias.shape());
+    bias_ = Tensor<float>::uninitialized({out_});
+    std::copy_n(bias.data(), out_, bias_.data());
+  }
+  width_ = panel_width();
+  const auto width = static_cast<int64_t>(width_);
+  panels_ = Tensor<float>::uninitialized({(out_ + width - 1) / width * width * in_});
+  if (panels_.numel() > 0) pack_transposed(weight.data(), in_, out_, in_, panels_.data());
+}
+
+Tensor<float> PackedLinear::forward(View<const float> x) const {
+  check(x.dim() >= 1, what_, ": input: expected (..., ", in_, "), got shape ", x.shape());
+  Shape shape = x.shape();
+  shape.back() = out_;
+  Tensor<float> y = Tensor<float>::uninitialized(shape);
+  forward(x, y);
+  return y;
+}
+
+void PackedLinear::forward(View<const float> x, View<float> y) const {
+  check(x.dim() >= 1 && x.shape().back() == in_ && row_major(x), what_, ": input: expected a contiguous (..., ",
+        in_, ") view, got shape ", x.shape(), " with strides ", x.strides());
+  Shape expected = x.shape();
+  expected.back() = out_;
+  check(y.shape() == expected && row_major(y), what_, ": output: expected a contiguous view of shape ", expected,
+        ", got shape ", y.shape(), " with strides ", y.strides());
+  check(width_ == panel_width(), what_, ": the weight was packed for panels of ", width_,
+        " floats, but the SIMD target now uses ", panel_width(), ": pack it again after pinning a target");
+  const int64_t m = out_ == 0 ? 0 : y.numel() / out_;
+  if (m == 0) return;
+  const auto W = static_cast<int64_t>(width_);
+  const int64_t panels = (out_ + W - 1) / W;
+  // Jobs: blocks of up to kRowBlock rows (a multiple of the micro-kernel's 6) × groups of
+  // panels, enough of them to share between the threads; each job owns its part of y.
+  constexpr int64_t kRowBlock = 96;
+  const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t panel_groups = std::min(panels, std::max<int64_t>(1, (2 * threads + row_blocks - 1) / row_blocks));
+  const int64_t panels_per_group = (panels + panel_groups - 1) / panel_groups;
+  const bool ragged = out_ % W != 0;  // the last panel's extra columns must not land in the next row
+#pragma omp parallel for schedule(static) collapse(2) if (threads > 1 && row_blocks * panel_groups > 1)
+  for (int64_t rb = 0; rb < row_blocks; ++rb) {
+    for (int64_t g = 0; g < panel_groups; ++g) {
+      const int64_t r0 = rb * kRowBlock, nrows = std::min(kRowBlock, m - r0);
+      const int64_t p0 = g * panels_per_group, p1 = std::min(panels, p0 + panels_per_group);
+      if (p0 >= p1) continue;
+      const int64_t full_end = ragged && p1 == panels ? p1 - 1 : p1;  // panels written in place
+      const float* a = x.data() + r0 * in_;
+      float* c = y.data() + r0 * out_;
+      const auto k = static_cast<size_t>(in_);
+      if (full_end > p0)
+        gemm(static_cast<size_t>(nrows), static_cast<size_t>((full_end - p0) * W), k, {a, k},
+             {panels_.data() + p0 * in_ * W, static_cast<size_t>(W), k * static_cast<size_t>(W)},
+             {c + p0 * W, static_cast<size_t>(out_)}, false);
+      if (full_end < p1) {  // the ragged last panel, through a scratch tile as wide as the panel
+        const int64_t c0 = full_end * W, cols = out_ - c0;
+        std::vector<float> tile(static_cast<size_t>(nrows * W));
+        gemm(static_cast<size_t>(nrows), static_cast<size_t>(cols), k, {a, k},
+             {panels_.data() + full_end * in_ * W, static_cast<size_t>(W), k * static_cast<size_t>(W)},
+             {tile.data(), static_cast<size_t>(W)}, false);
+        for (int64_t r = 0; r < nrows; ++r)
+          std::copy_n(tile.data() + r * W, cols, c + r * out_ + c0);
+      }
+      if (bias_.defined()) {
+        const int64_t c0 = p0 * W, c1 = std::min(out_, p1 * W);
+        for (int64_t r = 0; r < nrows; ++r)
+          for (int64_t j = c0; j < c1; ++j) c[r * out_ + j] += bias_[j];
+      }
+    }
+  }
+}
+
+}  // namespace mha::panel_gemm
+#endif  // HWY_ONCE
