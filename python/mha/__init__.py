@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from . import _core
 from ._core import ArgumentError, ArgumentTypeError, get_num_threads, set_num_threads
+from ._sentence import SentenceEncoder
 
-__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_num_threads",
-           "get_num_threads", "ArgumentError", "ArgumentTypeError"]
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "SentenceEncoder",
+           "set_num_threads", "get_num_threads", "ArgumentError", "ArgumentTypeError"]
 __version__ = "0.1.0"
 
 

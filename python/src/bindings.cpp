@@ -1,5 +1,6 @@
-// _mha: the two scaled dot-product attention calls of mha/attention/attention.h and the two
-// multi-head attention calls of mha/nn/multihead_attention.h, for Python.
+// _mha: the two scaled dot-product attention calls of mha/attention/attention.h, the two
+// multi-head attention calls of mha/nn/multihead_attention.h and the sentence encoder of
+// mha/models/sentence_encoder.h, for Python.
 //
 // Only argument conversion lives here: each nb::ndarray becomes an mha::View of the same memory
 // (shape, and strides in elements, as nanobind reports them) and the call writes into output
@@ -13,6 +14,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <nanobind/stl/variant.h>
 #include <omp.h>
 
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "mha/attention/attention.h"
+#include "mha/models/sentence_encoder.h"
 #include "mha/nn/multihead_attention.h"
 
 namespace nb = nanobind;
@@ -350,4 +354,22 @@ NB_MODULE(_mha, m) {
       .value("bottom_right", Causal::bottom_right);
   define<float>(m);
   define<double>(m);
+  // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.
+  nb::class_<mha::models::SentenceEncoder>(m, "SentenceEncoder")
+      .def(nb::init<const std::string&>(), "directory"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "encode",
+          [](const mha::models::SentenceEncoder& encoder, const std::vector<std::string>& sentences,
+             int64_t batch_size, int num_threads) {
+            mha::Tensor<float> out;
+            {
+              nb::gil_scoped_release released;
+              OpenMPThreads threads(num_threads);
+              out = encoder.encode(sentences, batch_size);
+            }
+            return to_numpy(std::move(out));
+          },
+          "sentences"_a, "batch_size"_a, "num_threads"_a)
+      .def_prop_ro("dimension", &mha::models::SentenceEncoder::dimension)
+      .def_prop_ro("max_seq_length", &mha::models::SentenceEncoder::max_seq_length);
 }

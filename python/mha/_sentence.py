@@ -1,0 +1,59 @@
+"""mha.SentenceEncoder: sentence embeddings from a sentence-transformers model directory."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _core, _mha
+from ._core import ArgumentError
+
+
+class SentenceEncoder:
+    """A BERT-family sentence encoder loaded from a sentence-transformers (or plain Hugging Face)
+    model directory, computing what sentence_transformers.SentenceTransformer(directory).encode
+    computes, in C++ (mha::models::SentenceEncoder, the encoder `mha embed` runs).
+
+        enc = mha.SentenceEncoder("models/all-MiniLM-L6-v2")
+        e = enc.encode(["A man is eating food.", "Someone eats."])   # (2, 384) float32
+        similarity = e @ e.T                                        # normalised: cosines
+
+    Loading errors (missing files, unsupported configurations, wrong shapes) raise ArgumentError
+    (a ValueError) naming the file and the field or tensor.
+    """
+
+    def __init__(self, model_dir):
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise TypeError(f"model_dir: expected a path (str or os.PathLike), got {type(model_dir).__name__}")
+        try:
+            self._encoder = _mha.SentenceEncoder(os.fspath(model_dir))
+        except ValueError as e:
+            raise ArgumentError(str(e)) from None
+
+    @property
+    def dimension(self):
+        """The size of each embedding (the model's hidden size)."""
+        return self._encoder.dimension
+
+    @property
+    def max_seq_length(self):
+        """Tokens per sentence after truncation, [CLS] and [SEP] included."""
+        return self._encoder.max_seq_length
+
+    def encode(self, sentences, batch_size=32):
+        """Embeddings (len(sentences), dimension), float32, of a list of str (a single str gives
+        shape (dimension,)). batch_size sentences are encoded together (sorted by length, as
+        sentence-transformers does); the result does not depend on it. The GIL is released."""
+        single = isinstance(sentences, str)
+        items = [sentences] if single else list(sentences)
+        for i, s in enumerate(items):
+            if not isinstance(s, str):
+                raise TypeError(f"sentences[{i}]: expected str, got {type(s).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ArgumentError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        try:
+            out = self._encoder.encode(items, batch_size, _core.get_num_threads())
+        except ValueError as e:
+            raise ArgumentError(str(e)) from None
+        out = np.asarray(out)
+        return out[0] if single else out

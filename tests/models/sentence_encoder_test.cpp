@@ -1,0 +1,288 @@
+// The BERT encoder and SentenceEncoder on the real all-MiniLM-L6-v2, against sentence-transformers
+// (tests/goldens/sentence/minilm.safetensors, scripts/goldens/make_sentence_goldens.py): float32
+// within twice PyTorch float32's own error against PyTorch float64, the double path within
+// rounding of float64; batch size and thread count change nothing; every broken model directory
+// is an error naming the file and the field or tensor.
+#include "mha/models/sentence_encoder.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../support/assertions.h"
+#include "../support/cli.h"
+#include "../support/model_dir.h"
+#include "mha/core/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mha::Tensor;
+using mha::models::BertModel;
+using mha::models::SentenceEncoder;
+using mha::testing::have_minilm;
+using mha::testing::minilm_dir;
+using mha::testing::throws_error;
+
+struct Goldens {
+  std::vector<std::string> sentences;
+  Tensor<int64_t> input_ids, attention_mask;
+  Tensor<double> embedding_f32, embedding_f64, hidden_f32, hidden_f64;
+};
+
+const Goldens& goldens() {
+  static const Goldens g = [] {
+    const mha::safetensors::MappedFile file(std::string(MHA_GOLDENS_DIR) + "/sentence/minilm.safetensors");
+    Goldens out;
+    const Tensor<int64_t> bytes = file.to_tensor<int64_t>("sentences");
+    std::string current;
+    for (int64_t i = 0; i < bytes.numel(); ++i) {
+      if (bytes[i] == 0) {
+        out.sentences.push_back(current);
+        current.clear();
+      } else {
+        current.push_back(static_cast<char>(bytes[i]));
+      }
+    }
+    out.input_ids = file.to_tensor<int64_t>("input_ids");
+    out.attention_mask = file.to_tensor<int64_t>("attention_mask");
+    out.embedding_f32 = file.to_tensor<double>("embedding_f32");
+    out.embedding_f64 = file.to_tensor<double>("embedding_f64");
+    out.hidden_f32 = file.to_tensor<double>("hidden_f32");
+    out.hidden_f64 = file.to_tensor<double>("hidden_f64");
+    return out;
+  }();
+  return g;
+}
+
+const SentenceEncoder& encoder() {
+  static const SentenceEncoder e(minilm_dir());
+  return e;
+}
+
+// Row r of `ours` against the float64 reference: max |ours − f64| ≤ 2·max |torch_f32 − f64| + 1e-6
+// over the row's elements (FlashAttention's rule, per sentence), and cosine ≥ 0.99999.
+template <class T>
+void expect_within_twice_torch_error(const Tensor<T>& ours, const Tensor<double>& f32, const Tensor<double>& f64,
+                                     int64_t rows, int64_t width, const std::string& what, double* worst = nullptr) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ours_err = 0, torch_err = 0, dot = 0, n1 = 0, n2 = 0;
+    for (int64_t h = 0; h < width; ++h) {
+      const double o = ours[r * width + h], ref = f64[r * width + h];
+      ours_err = std::max(ours_err, std::abs(o - ref));
+      torch_err = std::max(torch_err, std::abs(f32[r * width + h] - ref));
+      dot += o * ref;
+      n1 += o * o;
+      n2 += ref * ref;
+    }
+    EXPECT_LE(ours_err, 2 * torch_err + 1e-6) << what << " row " << r << ": torch float32's error " << torch_err;
+    if (n1 > 0 && n2 > 0) EXPECT_GE(dot / std::sqrt(n1 * n2), 0.99999) << what << " row " << r;
+    if (worst != nullptr) *worst = std::max(*worst, ours_err);
+  }
+}
+
+TEST(SentenceEncoder, MatchesSentenceTransformersOnEverySentence) {
+  ASSERT_TRUE(have_minilm());
+  const Goldens& g = goldens();
+  ASSERT_EQ(g.sentences.size(), 50u);
+  const Tensor<float> ours = encoder().encode(g.sentences, 32);
+  const auto n = static_cast<int64_t>(g.sentences.size());
+  ASSERT_EQ(ours.shape(), (mha::Shape{n, 384}));
+  double worst = 0;
+  expect_within_twice_torch_error(ours, g.embedding_f32, g.embedding_f64, n, 384, "embedding", &worst);
+  std::printf("largest |mha − float64| over %lld sentences: %.3g\n", static_cast<long long>(n), worst);
+}
+
+TEST(SentenceEncoder, TokenizesAsTheGoldens) {
+  ASSERT_TRUE(have_minilm());
+  const Goldens& g = goldens();
+  const mha::models::TokenizedBatch batch = encoder().tokenizer().encode_batch(g.sentences, encoder().max_seq_length());
+  ASSERT_EQ(batch.input_ids.shape(), g.input_ids.shape());
+  for (int64_t i = 0; i < g.input_ids.numel(); ++i) {
+    ASSERT_EQ(batch.input_ids[i], g.input_ids[i]) << "flat index " << i;
+    ASSERT_EQ(batch.attention_mask[i], g.attention_mask[i]) << "flat index " << i;
+  }
+}
+
+// The token-level states of the first two sentences: the packed inference path (float), the
+// layers' own forward (float) and the double model through the same layers.
+TEST(SentenceEncoder, HiddenStatesOfEveryPathMatchPyTorch) {
+  ASSERT_TRUE(have_minilm());
+  const Goldens& g = goldens();
+  const int64_t L = g.hidden_f64.size(1);
+  Tensor<int64_t> ids({2, L}), mask({2, L});
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t l = 0; l < L; ++l) {
+      ids[r * L + l] = g.input_ids[r * g.input_ids.size(1) + l];
+      mask[r * L + l] = g.attention_mask[r * g.input_ids.size(1) + l];
+    }
+  // Padded positions are not compared (PyTorch's values there are of no use to anyone).
+  auto real_rows = [&](const auto& t) {
+    Tensor<double> out({2 * L, 384});
+    for (int64_t i = 0; i < 2 * L; ++i)
+      for (int64_t h = 0; h < 384; ++h) out[i * 384 + h] = mask[i] != 0 ? static_cast<double>(t[i * 384 + h]) : 0.0;
+    return out;
+  };
+  const Tensor<double> f32 = real_rows(g.hidden_f32), f64 = real_rows(g.hidden_f64);
+  BertModel<float> model = BertModel<float>::from_directory(minilm_dir());
+  const mha::models::PackedBert packed(model);
+  expect_within_twice_torch_error(real_rows(packed.forward(ids, mask)), f32, f64, 2 * L, 384, "packed float");
+  expect_within_twice_torch_error(real_rows(model.forward(ids, mask)), f32, f64, 2 * L, 384, "layers float");
+  BertModel<double> model64 = BertModel<double>::from_directory(minilm_dir());
+  const Tensor<double> ours64 = real_rows(model64.forward(ids, mask));
+  double err = 0;
+  for (int64_t i = 0; i < ours64.numel(); ++i) err = std::max(err, std::abs(ours64[i] - f64[i]));
+  EXPECT_LE(err, 1e-9) << "double model against PyTorch float64";
+}
+
+TEST(SentenceEncoder, BatchSizeAndThreadCountChangeNothing) {
+  ASSERT_TRUE(have_minilm());
+  std::vector<std::string> sentences(goldens().sentences.begin(), goldens().sentences.begin() + 20);
+  const Tensor<float> base = encoder().encode(sentences, 32);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (int64_t batch : {1, 3, 7}) {
+      const Tensor<float> other = encoder().encode(sentences, batch);
+      for (int64_t i = 0; i < base.numel(); ++i)
+        ASSERT_EQ(other[i], base[i]) << "batch " << batch << ", " << threads << " threads, flat index " << i;
+    }
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(encoder().encode({}, 4).shape(), (mha::Shape{0, 384}));
+  EXPECT_TRUE(throws_error([&] { encoder().encode(sentences, 0); }, {"batch_size", ">= 1", "got 0"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broken model directories: a tiny BERT (hidden 8, 2 heads, 1 layer) written by the test.
+
+class BrokenModel : public mha::testing::TempDirTest<> {
+ protected:
+  void SetUp() override {
+    write_config({});
+    write_weights({}, {});
+    std::ofstream(path("vocab.txt")) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n";
+  }
+  // config.json with `replace` lines ("\"field\": value") overriding the defaults.
+  void write_config(const std::vector<std::pair<std::string, std::string>>& replace) {
+    std::vector<std::pair<std::string, std::string>> fields = {
+        {"model_type", "\"bert\""}, {"vocab_size", "7"}, {"hidden_size", "8"}, {"num_hidden_layers", "1"},
+        {"num_attention_heads", "2"}, {"intermediate_size", "16"}, {"max_position_embeddings", "12"},
+        {"type_vocab_size", "2"}, {"layer_norm_eps", "1e-12"}, {"hidden_act", "\"gelu\""}};
+    for (const auto& [k, v] : replace) {
+      bool found = false;
+      for (auto& f : fields)
+        if (f.first == k) f.second = v, found = true;
+      if (!found) fields.emplace_back(k, v);
+    }
+    std::ofstream out(path("config.json"));
+    out << "{";
+    bool first = true;
+    for (const auto& [k, v] : fields) {
+      if (v.empty()) continue;  // "" removes the field
+      out << (first ? "" : ", ") << "\"" << k << "\": " << v;
+      first = false;
+    }
+    out << "}";
+  }
+  // model.safetensors with every tensor of the tiny model, under `prefix`, minus `drop`, with
+  // `reshape` given another shape.
+  void write_weights(const std::string& drop, const std::string& reshape, const std::string& prefix = "") {
+    std::vector<std::pair<std::string, mha::Shape>> tensors = {
+        {"embeddings.word_embeddings.weight", {7, 8}}, {"embeddings.position_embeddings.weight", {12, 8}},
+        {"embeddings.token_type_embeddings.weight", {2, 8}}, {"embeddings.LayerNorm.weight", {8}},
+        {"embeddings.LayerNorm.bias", {8}}, {"embeddings.position_ids", {1, 12}}, {"pooler.dense.weight", {8, 8}}};
+    for (const char* m : {"query", "key", "value"})
+      for (const char* p : {"weight", "bias"})
+        tensors.push_back({std::string("encoder.layer.0.attention.self.") + m + "." + p,
+                           std::string(p) == "weight" ? mha::Shape{8, 8} : mha::Shape{8}});
+    tensors.push_back({"encoder.layer.0.attention.output.dense.weight", {8, 8}});
+    tensors.push_back({"encoder.layer.0.attention.output.dense.bias", {8}});
+    tensors.push_back({"encoder.layer.0.attention.output.LayerNorm.weight", {8}});
+    tensors.push_back({"encoder.layer.0.attention.output.LayerNorm.bias", {8}});
+    tensors.push_back({"encoder.layer.0.intermediate.dense.weight", {16, 8}});
+    tensors.push_back({"encoder.layer.0.intermediate.dense.bias", {16}});
+    tensors.push_back({"encoder.layer.0.output.dense.weight", {8, 16}});
+    tensors.push_back({"encoder.layer.0.output.dense.bias", {8}});
+    tensors.push_back({"encoder.layer.0.output.LayerNorm.weight", {8}});
+    tensors.push_back({"encoder.layer.0.output.LayerNorm.bias", {8}});
+    mha::safetensors::File file;
+    for (auto& [name, shape] : tensors) {
+      if (name == drop) continue;
+      if (name == reshape) shape.back() += 1;
+      Tensor<float> t(shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = 0.01f * static_cast<float>(i % 13);
+      file.tensors[prefix + name] = mha::safetensors::from_tensor(t);
+    }
+    mha::safetensors::save(file, path("model.safetensors"));
+  }
+  std::string dir() const { return dir_.string(); }
+};
+
+TEST_F(BrokenModel, TheTinyModelLoadsWithAndWithoutThePrefix) {
+  EXPECT_NO_THROW(BertModel<float>::from_directory(dir()));
+  write_weights("", "", "bert.");
+  const BertModel<float> model = BertModel<float>::from_directory(dir());
+  EXPECT_EQ(model.layers.size(), 1u);
+  EXPECT_EQ(model.embed(Tensor<int64_t>({1, 3}, {2, 5, 3})).shape(), (mha::Shape{1, 3, 8}));
+}
+
+TEST_F(BrokenModel, ConfigErrorsNameTheFileAndField) {
+  const std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> cases = {
+      {"hidden_size", "", {"config.json", "'hidden_size' is missing"}},
+      {"hidden_size", "\"8\"", {"config.json", "'hidden_size'", "positive integer", "\"8\""}},
+      {"num_attention_heads", "3", {"config.json", "'hidden_size' (8)", "multiple of 'num_attention_heads' (3)"}},
+      {"hidden_act", "\"gelu_new\"", {"config.json", "'hidden_act'", "gelu_new"}},
+      {"model_type", "\"roberta\"", {"config.json", "'model_type'", "roberta"}},
+      {"position_embedding_type", "\"relative_key\"", {"config.json", "'position_embedding_type'", "relative_key"}},
+      {"is_decoder", "true", {"config.json", "'is_decoder'"}},
+      {"layer_norm_eps", "-1", {"config.json", "'layer_norm_eps'", "positive number", "-1"}},
+  };
+  for (const auto& [field, value, parts] : cases) {
+    write_config({{field, value}});
+    try {
+      BertModel<float>::from_directory(dir());
+      ADD_FAILURE() << field << " = " << value << ": no error";
+    } catch (const mha::Error& e) {
+      for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+  fs::remove(path("config.json"));
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); }, {"config.json", "cannot open"}));
+  std::ofstream(path("config.json")) << "{\"hidden_size\": 8,";
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); }, {"config.json", "not valid JSON"}));
+}
+
+TEST_F(BrokenModel, WeightErrorsNameTheFileAndTensor) {
+  write_weights("encoder.layer.0.intermediate.dense.bias", "");
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
+                           {"model.safetensors", "'encoder.layer.0.intermediate.dense.bias' is missing", "[16]"}));
+  write_weights("", "encoder.layer.0.attention.self.key.weight");
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
+                           {"model.safetensors", "'encoder.layer.0.attention.self.key.weight'", "[8, 8]", "[8, 9]"}));
+  write_config({{"num_hidden_layers", "2"}});
+  write_weights("", "");
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
+                           {"model.safetensors", "'encoder.layer.1.attention.self.query.weight' is missing"}));
+  write_config({});
+  write_weights("", "");
+  {
+    mha::safetensors::File file = mha::safetensors::load(path("model.safetensors"));
+    file.tensors["encoder.layer.1.output.dense.bias"] = mha::safetensors::from_tensor(Tensor<float>({8}));
+    mha::safetensors::save(file, path("model.safetensors"));
+  }
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
+                           {"model.safetensors", "unexpected tensor 'encoder.layer.1.output.dense.bias'"}));
+  const BertModel<float> model(mha::models::BertConfig::from_file(path("config.json")));
+  EXPECT_TRUE(throws_error([&] { model.embed(Tensor<int64_t>({1, 2}, {2, 7})); }, {"input_ids", "[0, 7)", "got 7"}));
+  EXPECT_TRUE(throws_error([&] { model.embed(Tensor<int64_t>({1, 13})); }, {"input_ids", "at most", "12", "got 13"}));
+  EXPECT_TRUE(throws_error([&] { mha::models::key_padding_mask(Tensor<int64_t>({1, 2}, {1, 2}), {1, 2}); },
+                           {"attention_mask", "0 or 1", "got 2"}));
+}
+
+}  // namespace
