@@ -65,23 +65,26 @@ struct TransformerEncoderArgs {
 
 // What one layer's forward saves for backward (filled when a cache is passed).
 template <class T>
-struct TransformerEncoderLayerCache;
+struct TransformerEncoderLayerCache {
+  MultiheadAttentionCache<T> self_attn;
+  typename LayerNorm<T>::Cache norm1, norm2;
+  typename Linear<T>::Cache linear1, linear2;
+  typename Dropout<T>::Cache dropout, dropout1, dropout2;  // after the activation, sa, ff
+  Tensor<T> activation_input;                              // linear1's output
+  bool filled = false;
+};
 
 template <class T>
 class TransformerEncoderLayer : public Module<T> {
  public:
   // Parameters initialised as PyTorch initialises them (self_attn as MultiheadAttention does,
-  // linear1/linear2 as Linear does, norms to 1 and 0), from `seed`; training-mode dropout draws
-  // its seeds from the same stream.
+  // linear1/linear2 as Linear does, norms to 1 and 0), from `seed`; the three dropouts draw
+  // their masks from seeds derived from it. Options are checked (mha::Error naming the option).
   explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options, uint64_t seed = 0);
-  ~TransformerEncoderLayer() override;
-  TransformerEncoderLayer(const TransformerEncoderLayer&);
-  TransformerEncoderLayer& operator=(const TransformerEncoderLayer&);
-  TransformerEncoderLayer(TransformerEncoderLayer&&) noexcept;
-  TransformerEncoderLayer& operator=(TransformerEncoderLayer&&) noexcept;
 
   // Same shape out as src. In eval mode with no cache this is the inference path: nothing is
-  // kept for backward. Bad shapes and masks are mha::Error naming the argument.
+  // kept for backward. Bad shapes and masks are mha::Error naming the argument. The submodules
+  // run in this layer's train/eval mode.
   Tensor<T> forward(const Tensor<T>& src, const TransformerEncoderArgs<T>& args = {},
                     TransformerEncoderLayerCache<T>* cache = nullptr);
   // Gradient of sum(output ∘ grad_output) for src; parameter gradients are added.
@@ -90,19 +93,32 @@ class TransformerEncoderLayer : public Module<T> {
   std::vector<Parameter<T>> parameters() override;
   const TransformerEncoderLayerOptions& options() const { return options_; }
 
+  MultiheadAttention<T> self_attn;
+  Linear<T> linear1, linear2;
+  LayerNorm<T> norm1, norm2;
+  Dropout<T> dropout, dropout1, dropout2;
+
  private:
-  struct Impl;
+  Tensor<T> self_attention_block(const Tensor<T>& x, const TransformerEncoderArgs<T>& args,
+                                 TransformerEncoderLayerCache<T>* cache);
+  Tensor<T> feed_forward_block(const Tensor<T>& x, TransformerEncoderLayerCache<T>* cache);
+  Tensor<T> self_attention_backward(const Tensor<T>& grad, const TransformerEncoderLayerCache<T>& cache);
+  Tensor<T> feed_forward_backward(const Tensor<T>& grad, const TransformerEncoderLayerCache<T>& cache);
+
   TransformerEncoderLayerOptions options_;
-  std::unique_ptr<Impl> impl_;
 };
 
 struct TransformerEncoderOptions {
   int64_t num_layers = 1;
-  bool final_norm = false;  // PyTorch's norm=LayerNorm(d_model, eps=layer.layer_norm_eps)
+  bool final_norm = false;  // PyTorch's norm=LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
 };
 
 template <class T>
-struct TransformerEncoderCache;
+struct TransformerEncoderCache {
+  std::vector<TransformerEncoderLayerCache<T>> layers;
+  typename LayerNorm<T>::Cache norm;
+  bool filled = false;
+};
 
 // torch.nn.TransformerEncoder(encoder_layer, num_layers, norm): num_layers copies of
 // `encoder_layer` (as PyTorch's deepcopy: every layer starts with the same weights).
@@ -110,21 +126,17 @@ template <class T>
 class TransformerEncoder : public Module<T> {
  public:
   TransformerEncoder(const TransformerEncoderLayer<T>& encoder_layer, const TransformerEncoderOptions& options);
-  ~TransformerEncoder() override;
-  TransformerEncoder(TransformerEncoder&&) noexcept;
-  TransformerEncoder& operator=(TransformerEncoder&&) noexcept;
 
   Tensor<T> forward(const Tensor<T>& src, const TransformerEncoderArgs<T>& args = {},
                     TransformerEncoderCache<T>* cache = nullptr);
   Tensor<T> backward(const Tensor<T>& grad_output, const TransformerEncoderCache<T>& cache);
 
   std::vector<Parameter<T>> parameters() override;
-  int64_t num_layers() const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   TransformerEncoderLayer<T>& layer(int64_t i);
 
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::vector<TransformerEncoderLayer<T>> layers;
+  std::optional<LayerNorm<T>> norm;
 };
 
 }  // namespace mha::nn
