@@ -211,19 +211,22 @@ void PackedLinear::forward(View<const float> x, View<float> y) const {
   if (m == 0) return;
   const auto W = static_cast<int64_t>(width_);
   const int64_t panels = (out_ + W - 1) / W;
-  // Jobs: blocks of up to kRowBlock rows (a multiple of the micro-kernel's 6) × groups of
-  // panels, enough of them to share between the threads; each job owns its part of y.
-  constexpr int64_t kRowBlock = 96;
-  const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
+  // Jobs: blocks of rows (a multiple of the micro-kernel's 6) × groups of
+  // panels, enough of them to share between the threads, the panels split as evenly as they go
+  // (few rows: one sentence's tokens); each job owns its part of y.
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t panel_groups = std::min(panels, std::max<int64_t>(1, (2 * threads + row_blocks - 1) / row_blocks));
-  const int64_t panels_per_group = (panels + panel_groups - 1) / panel_groups;
+  // Row blocks of about 96 rows, as many as a multiple of the thread count.
+  int64_t row_blocks = (m + 95) / 96;
+  if (row_blocks > 1) row_blocks = (row_blocks + threads - 1) / threads * threads;
+  const int64_t row_block = ((m + row_blocks - 1) / row_blocks + 5) / 6 * 6;
+  row_blocks = (m + row_block - 1) / row_block;
+  const int64_t panel_groups = std::min(panels, std::max<int64_t>(1, (threads + row_blocks - 1) / row_blocks));
   const bool ragged = out_ % W != 0;  // the last panel's extra columns must not land in the next row
 #pragma omp parallel for schedule(static) collapse(2) if (threads > 1 && row_blocks * panel_groups > 1)
   for (int64_t rb = 0; rb < row_blocks; ++rb) {
     for (int64_t g = 0; g < panel_groups; ++g) {
-      const int64_t r0 = rb * kRowBlock, nrows = std::min(kRowBlock, m - r0);
-      const int64_t p0 = g * panels_per_group, p1 = std::min(panels, p0 + panels_per_group);
+      const int64_t r0 = rb * row_block, nrows = std::min(row_block, m - r0);
+      const int64_t p0 = g * panels / panel_groups, p1 = (g + 1) * panels / panel_groups;
       if (p0 >= p1) continue;
       const int64_t full_end = ragged && p1 == panels ? p1 - 1 : p1;  // panels written in place
       const float* a = x.data() + r0 * in_;
