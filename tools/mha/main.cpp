@@ -10,6 +10,7 @@
 
 #include "attention_command.h"
 #include "bench_command.h"
+#include "embed_command.h"
 #include "eval_command.h"
 #include "heatmap_command.h"
 #include "train_command.h"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
   mha::tools::add_heatmap_command(app);
+  mha::tools::add_embed_command(app);
   mha::tools::add_bench_command(app);
   mha::tools::add_train_command(app);
   mha::tools::add_eval_command(app);
