@@ -19,6 +19,7 @@ packages=(
   libhwy-dev
   libutf8proc-dev
   libsleef-dev
+  libicu-dev
   libgtest-dev
   libbenchmark-dev
   dataset-fashion-mnist

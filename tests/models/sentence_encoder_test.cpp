@@ -235,7 +235,7 @@ TEST_F(BrokenModel, TheTinyModelLoadsWithAndWithoutThePrefix) {
 TEST_F(BrokenModel, ConfigErrorsNameTheFileAndField) {
   const std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> cases = {
       {"hidden_size", "", {"config.json", "'hidden_size' is missing"}},
-      {"hidden_size", "\"8\"", {"config.json", "'hidden_size'", "positive integer", "\"8\""}},
+      {"hidden_size", "\"8\"", {"config.json", "'hidden_size'", "integer >= 1", "\"8\""}},
       {"num_attention_heads", "3", {"config.json", "'hidden_size' (8)", "multiple of 'num_attention_heads' (3)"}},
       {"hidden_act", "\"gelu_new\"", {"config.json", "'hidden_act'", "gelu_new"}},
       {"model_type", "\"roberta\"", {"config.json", "'model_type'", "roberta"}},

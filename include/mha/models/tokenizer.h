@@ -2,7 +2,10 @@
 // WordPiece tokenization exactly as Hugging Face's BertTokenizerFast (the `tokenizers` library's
 // BertNormalizer + BertPreTokenizer + WordPiece + BERT post-processor) for a vocab.txt and its
 // tokenizer_config.json:
-//   1. clean: drop U+0000, U+FFFD and control characters; whitespace becomes a space
+//   0. the special tokens ([CLS], [SEP], [PAD], [UNK], [MASK]) written in the text itself are
+//      those tokens (matched case-sensitively before anything else, as Hugging Face's added tokens)
+//   1. clean: drop U+0000, U+FFFD and control characters (categories Cc, Cf, Co, but \t \n \r);
+//      whitespace becomes a space
 //   2. put spaces around CJK ideographs (tokenize_chinese_chars)
 //   3. strip accents (Unicode NFD, drop nonspacing marks) and lower-case, as the config says
 //   4. split on whitespace and on punctuation (each punctuation character its own word)
@@ -11,7 +14,10 @@
 //      becomes unk_token
 //   6. [CLS] pieces [SEP], truncated so the whole fits max_length; batches padded with pad_token
 //      to the longest sequence (attention_mask 1 for real tokens, 0 for padding)
-// Unicode properties (categories, NFD, case) come from utf8proc.
+// Unicode properties (categories, NFD, case) come from utf8proc. `tokenizers` decides "control",
+// "punctuation" and "nonspacing mark" with tables of Unicode 8.0 (the unicode_categories crate),
+// so a character assigned later (an emoji modifier, U+2E45, a new script's marks) is none of
+// them there: ICU's u_charAge (Debian's libicu) limits those three tests to Unicode 8.0 here too.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +38,7 @@ struct WordPieceConfig {
   std::string cls_token = "[CLS]";
   std::string sep_token = "[SEP]";
   std::string pad_token = "[PAD]";
+  std::string mask_token = "[MASK]";
   std::string continuing_subword_prefix = "##";
   int64_t max_input_chars_per_word = 100;
   int64_t model_max_length = 512;  // tokenizer_config.json's model_max_length
@@ -56,6 +63,7 @@ class WordPieceTokenizer {
 
   const WordPieceConfig& config() const { return config_; }
   int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
+  const std::vector<std::string>& vocab() const { return vocab_; }
   // The id of `token`, or nullopt.
   std::optional<int64_t> token_to_id(std::string_view token) const;
   // The token of `id`; mha::Error when out of range.
@@ -70,9 +78,21 @@ class WordPieceTokenizer {
   TokenizedBatch encode_batch(const std::vector<std::string>& texts, int64_t max_length) const;
 
  private:
+  struct CodePointsView {
+    const char32_t* data;
+    size_t length;
+    CodePointsView(const char32_t* d, size_t n) : data(d), length(n) {}
+    const char32_t* begin() const { return data; }
+    const char32_t* end() const { return data + length; }
+    size_t size() const { return length; }
+  };
+  void tokenize_segment(const CodePointsView& text, std::vector<std::string>& pieces) const;
+  void word_pieces(const std::vector<char32_t>& word, std::vector<std::string>& pieces) const;
+
   std::vector<std::string> vocab_;
   std::unordered_map<std::string, int64_t> ids_;
   WordPieceConfig config_;
+  std::vector<std::string> specials_;  // matched in the raw text, longest first
 };
 
 }  // namespace mha::models
