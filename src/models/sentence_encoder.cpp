@@ -43,12 +43,35 @@ Pooling read_pooling(const std::string& path, int64_t hidden_size) {
 
 }  // namespace
 
+int64_t model_max_length(const std::string& directory, const WordPieceTokenizer& tokenizer) {
+  using namespace detail;
+  int64_t length = tokenizer.config().model_max_length;
+  const std::string config_path = directory + "/config.json";
+  int64_t positions = int64_t{1} << 62;
+  if (fs::exists(config_path)) {
+    positions = positive_int(read_json_file(config_path), "max_position_embeddings", config_path);
+    length = std::min(length, positions);
+  }
+  const std::string st_config = directory + "/sentence_bert_config.json";
+  if (fs::exists(st_config)) {
+    const Json json = read_json_file(st_config);
+    if (auto max_seq = optional_int(json, "max_seq_length", st_config, 2)) {
+      check(*max_seq <= positions, st_config, ": field 'max_seq_length': expected at most ", positions,
+            " (config.json's max_position_embeddings), got ", *max_seq);
+      length = *max_seq;
+    }
+    check(!optional_bool(json, "do_lower_case", st_config).value_or(false), st_config,
+          ": field 'do_lower_case': true is not supported (the tokenizer's own lower-casing is)");
+  }
+  return length;
+}
+
 SentenceEncoder::SentenceEncoder(const std::string& directory)
     : tokenizer_(WordPieceTokenizer::from_directory(directory)),
       model_(std::make_unique<BertModel<float>>(BertModel<float>::from_directory(directory))) {
   using namespace detail;
   const BertConfig& config = model_->config();
-  max_seq_length_ = std::min(tokenizer_.config().model_max_length, config.max_position_embeddings);
+  max_seq_length_ = model_max_length(directory, tokenizer_);
   const std::string modules_path = directory + "/modules.json";
   if (fs::exists(modules_path)) {
     const Json modules = read_json_file(modules_path, false);
@@ -75,17 +98,6 @@ SentenceEncoder::SentenceEncoder(const std::string& directory)
       }
     }
     check(have_transformer && have_pooling, modules_path, ": expected a Transformer and a Pooling module");
-    const std::string st_config = directory + "/sentence_bert_config.json";
-    if (fs::exists(st_config)) {
-      const Json json = read_json_file(st_config);
-      if (auto length = optional_int(json, "max_seq_length", st_config, 2)) {
-        check(*length <= config.max_position_embeddings, st_config, ": field 'max_seq_length': expected at most ",
-              config.max_position_embeddings, " (config.json's max_position_embeddings), got ", *length);
-        max_seq_length_ = *length;
-      }
-      check(!optional_bool(json, "do_lower_case", st_config).value_or(false), st_config,
-            ": field 'do_lower_case': true is not supported (the tokenizer's own lower-casing is)");
-    }
   }
   packed_ = std::make_unique<PackedBert>(*model_);
 }

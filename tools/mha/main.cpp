@@ -13,6 +13,7 @@
 #include "embed_command.h"
 #include "eval_command.h"
 #include "heatmap_command.h"
+#include "tokenize_command.h"
 #include "train_command.h"
 #include "mha/core/error.h"
 #include "mha/core/escape.h"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mha::tools::add_attention_command(app);
   mha::tools::add_heatmap_command(app);
+  mha::tools::add_tokenize_command(app);
   mha::tools::add_embed_command(app);
   mha::tools::add_bench_command(app);
   mha::tools::add_train_command(app);

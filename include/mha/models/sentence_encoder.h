@@ -60,6 +60,11 @@ class SentenceEncoder {
   bool normalize_ = false;
 };
 
+// The tokens per sentence (special tokens included) a model directory truncates to:
+// sentence_bert_config.json's max_seq_length when present, else tokenizer_config.json's
+// model_max_length, at most config.json's max_position_embeddings. Errors name file and field.
+int64_t model_max_length(const std::string& directory, const WordPieceTokenizer& tokenizer);
+
 // Pools hidden (N, L, H) over the real tokens of attention_mask (N, L) and normalises if asked:
 // (N, H). Sums in double.
 Tensor<float> pool(const Tensor<float>& hidden, const Tensor<int64_t>& attention_mask, Pooling pooling,

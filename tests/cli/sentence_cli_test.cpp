@@ -1,0 +1,112 @@
+// `mha tokenize` and `mha embed` as black boxes, on the real all-MiniLM-L6-v2: what they write is
+// what the library computes (the library's own tests hold it to Hugging Face and
+// sentence-transformers); standard input; empty input; bad input gives a one-line message naming
+// what is wrong and leaves no file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../support/cli.h"
+#include "../support/model_dir.h"
+#include "mha/core/safetensors.h"
+#include "mha/models/sentence_encoder.h"
+#include "mha/models/text_lines.h"
+
+namespace mha {
+namespace {
+
+namespace st = mha::safetensors;
+using mha::testing::CliResult;
+using mha::testing::minilm_dir;
+using mha::testing::run_cli;
+using mha::testing::shell_quote;
+
+class SentenceCli : public mha::testing::CliTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(mha::testing::have_minilm());
+    std::ofstream(path("in.txt"), std::ios::binary)
+        << "A man is eating food.\r\nCafé 東京 😀\n\n" + std::string(600, 'x') + long_line() + "\n[MASK] last line";
+  }
+  std::string model() const { return shell_quote(minilm_dir()); }
+  static std::string long_line() {  // 300 words: truncated to 256 tokens
+    std::string line;
+    for (int i = 0; i < 300; ++i) line += " word";
+    return line;
+  }
+};
+
+TEST_F(SentenceCli, TokenizeWritesTheLibrarysIdsPaddedToTheLongest) {
+  const CliResult r = run_cli("tokenize --model " + model() + " --input " + path("in.txt") + " --output " + path("t.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+  const st::File file = st::load(path("t.safetensors"));
+  const Tensor<int64_t> ids = st::to_tensor<int64_t>(st::require(file, "input_ids", "t"), "input_ids");
+  const Tensor<int64_t> mask = st::to_tensor<int64_t>(st::require(file, "attention_mask", "t"), "attention_mask");
+  EXPECT_EQ(file.tensors.at("input_ids").dtype, st::DType::I64);
+  const auto tokenizer = models::WordPieceTokenizer::from_directory(minilm_dir());
+  const auto expected = tokenizer.encode_batch(models::read_lines(path("in.txt")), 256);  // max_seq_length
+  ASSERT_EQ(ids.shape(), (Shape{5, 256}));
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ASSERT_EQ(ids[i], expected.input_ids[i]) << i;
+    ASSERT_EQ(mask[i], expected.attention_mask[i]) << i;
+  }
+  // --max-length, and standard input.
+  const CliResult r2 = run_cli("tokenize --model " + model() + " --input - --max-length 4 --output " +
+                               path("t2.safetensors") + " < " + path("in.txt"));
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  const st::File file2 = st::load(path("t2.safetensors"));
+  EXPECT_EQ(file2.tensors.at("input_ids").shape, (Shape{5, 4}));
+}
+
+TEST_F(SentenceCli, EmbedWritesTheLibrarysEmbeddings) {
+  const CliResult r = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
+                              path("e.safetensors") + " --batch-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+  const st::File file = st::load(path("e.safetensors"));
+  EXPECT_EQ(file.tensors.at("embeddings").dtype, st::DType::F32);
+  const Tensor<float> got = st::to_tensor<float>(st::require(file, "embeddings", "e"), "embeddings");
+  const models::SentenceEncoder encoder(minilm_dir());
+  const Tensor<float> expected = encoder.encode(models::read_lines(path("in.txt")));
+  ASSERT_EQ(got.shape(), (Shape{5, 384}));
+  for (int64_t i = 0; i < got.numel(); ++i) ASSERT_EQ(got[i], expected[i]) << i;  // batch size changes nothing
+}
+
+TEST_F(SentenceCli, EmptyInputGivesNoRows) {
+  std::ofstream(path("empty.txt")) << "";
+  ASSERT_EQ(run_cli("embed --model " + model() + " --input " + path("empty.txt") + " --output " + path("e.safetensors")).exit_code, 0);
+  EXPECT_EQ(st::load(path("e.safetensors")).tensors.at("embeddings").shape, (Shape{0, 384}));
+  ASSERT_EQ(run_cli("tokenize --model " + model() + " --input " + path("empty.txt") + " --output " + path("t.safetensors")).exit_code, 0);
+  EXPECT_EQ(st::load(path("t.safetensors")).tensors.at("input_ids").shape, (Shape{0, 0}));
+}
+
+TEST_F(SentenceCli, BadInputIsOneLineNamingItAndLeavesNoFile) {
+  std::ofstream(path("bad.txt"), std::ios::binary) << "fine\nnot \xff fine\n";
+  for (const char* command : {"tokenize", "embed"}) {
+    const CliResult r = run_cli(std::string(command) + " --model " + model() + " --input " + path("bad.txt") +
+                                " --output " + path("out.safetensors"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("line 2: invalid UTF-8 at byte 4"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+    const CliResult m = run_cli(std::string(command) + " --model " + path("nowhere") + " --input " + path("in.txt") +
+                                " --output " + path("out.safetensors"));
+    EXPECT_NE(m.exit_code, 0);
+    EXPECT_NE(m.output.find("vocab.txt: cannot open"), std::string::npos) << m.output;
+    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+  }
+  const CliResult b = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
+                              path("out.safetensors") + " --batch-size 0");
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_NE(b.output.find("--batch-size"), std::string::npos) << b.output;
+  const CliResult d = run_cli("tokenize --model " + model() + " --input " + path("in.txt") + " --output " +
+                              path("no/such/dir/out.safetensors"));
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.output.find("--output"), std::string::npos) << d.output;
+}
+
+}  // namespace
+}  // namespace mha
