@@ -11,7 +11,7 @@ import pytest
 GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens" / "sdpa"
 SDPA_CASES = sorted(p.name for p in GOLDENS.iterdir() if p.is_dir())
 
-_DTYPES = {"F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
+_DTYPES = {"F32": np.float32, "F64": np.float64, "BOOL": np.bool_, "U8": np.uint8, "I32": np.int32, "I64": np.int64}
 
 
 def load_safetensors(path):
