@@ -1,0 +1,309 @@
+// TransformerEncoderLayer and TransformerEncoder: PyTorch's goldens (tests/goldens/transformer,
+// scripts/goldens/make_transformer_goldens.py) for output and every gradient, in double (to 1e-10)
+// and float (FlashAttention's rule: within twice PyTorch float32's error against float64);
+// state_dict names; finite differences in double, with dropout too; initialisation; errors.
+// Also PackedTransformerEncoderLayer (the inference twin) against the layer's own forward.
+#include "mha/nn/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "../support/assertions.h"
+#include "../support/golden.h"
+#include "../support/gradient_check.h"
+#include "mha/core/safetensors.h"
+#include "mha/nn/packed_transformer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mha::Shape;
+using mha::Tensor;
+using mha::nn::Activation;
+using mha::nn::TransformerEncoder;
+using mha::nn::TransformerEncoderArgs;
+using mha::nn::TransformerEncoderLayer;
+using mha::nn::TransformerEncoderLayerOptions;
+using mha::testing::throws_error;
+
+struct Case {
+  std::string name;
+  mha::safetensors::File file;
+  std::string meta(const std::string& key) const { return file.metadata.at(key); }
+  bool flag(const std::string& key) const { return meta(key) == "true"; }
+  template <class T>
+  Tensor<T> tensor(const std::string& name) const {
+    return mha::safetensors::to_tensor<T>(mha::safetensors::require(file, name, this->name), name);
+  }
+  bool has(const std::string& name) const { return file.tensors.count(name) != 0; }
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const auto& entry : fs::directory_iterator(mha::testing::goldens_dir() + "/transformer"))
+    out.push_back({entry.path().stem().string(), mha::safetensors::load(entry.path().string())});
+  std::sort(out.begin(), out.end(), [](const Case& a, const Case& b) { return a.name < b.name; });
+  return out;
+}
+
+TransformerEncoderLayerOptions options_of(const Case& c) {
+  TransformerEncoderLayerOptions o;
+  o.d_model = std::stoll(c.meta("d_model"));
+  o.nhead = std::stoll(c.meta("nhead"));
+  o.dim_feedforward = std::stoll(c.meta("dim_feedforward"));
+  o.dropout = 0.0;
+  o.activation = mha::nn::activation_from_string(c.meta("activation"));
+  o.layer_norm_eps = std::stod(c.meta("layer_norm_eps"));
+  o.batch_first = c.flag("batch_first");
+  o.norm_first = c.flag("norm_first");
+  o.bias = c.flag("bias");
+  return o;
+}
+
+template <class T>
+TransformerEncoderArgs<T> args_of(const Case& c) {
+  TransformerEncoderArgs<T> a;
+  for (const char* name : {"src_mask", "src_key_padding_mask"}) {
+    if (!c.has(name)) continue;
+    mha::nn::Mask<T> mask = c.file.tensors.at(name).dtype == mha::safetensors::DType::BOOL
+                                ? mha::nn::Mask<T>(c.tensor<bool>(name))
+                                : mha::nn::Mask<T>(c.tensor<T>(name));
+    (std::string(name) == "src_mask" ? a.src_mask : a.src_key_padding_mask) = std::move(mask);
+  }
+  a.is_causal = c.flag("is_causal");
+  return a;
+}
+
+// Runs the case's module (a layer, or an encoder of num_layers) in T; returns output and
+// gradients named as in the golden file (without the _f64/_f32 suffix).
+template <class T>
+std::map<std::string, Tensor<double>> run(const Case& c) {
+  const TransformerEncoderLayerOptions o = options_of(c);
+  const int64_t num_layers = std::stoll(c.meta("num_layers"));
+  mha::nn::StateDict<T> state;
+  for (const auto& [name, data] : c.file.tensors)
+    if (name.rfind("param.", 0) == 0) state[name.substr(6)] = c.tensor<T>(name);
+  const Tensor<T> src = c.tensor<T>("src"), grad_output = c.tensor<T>("grad_output");
+  const auto args = args_of<T>(c);
+  std::map<std::string, Tensor<double>> out;
+  auto collect = [&](mha::nn::Module<T>& m, const Tensor<T>& y, const Tensor<T>& grad_src) {
+    out["output"] = mha::cast<double>(y);
+    out["grad.src"] = mha::cast<double>(grad_src);
+    for (auto& p : m.parameters()) out["grad." + p.name] = mha::cast<double>(*p.grad);
+  };
+  TransformerEncoderLayer<T> layer(o, 7);
+  if (num_layers == 0) {
+    layer.load_state_dict(state);
+    layer.train();  // dropout 0: PyTorch's math path, as the goldens were made
+    mha::nn::TransformerEncoderLayerCache<T> cache;
+    const Tensor<T> y = layer.forward(src, args, &cache);
+    collect(layer, y, layer.backward(grad_output, cache));
+  } else {
+    TransformerEncoder<T> encoder(layer, {num_layers, c.flag("final_norm")});
+    encoder.load_state_dict(state);
+    encoder.train();
+    mha::nn::TransformerEncoderCache<T> cache;
+    const Tensor<T> y = encoder.forward(src, args, &cache);
+    collect(encoder, y, encoder.backward(grad_output, cache));
+  }
+  return out;
+}
+
+TEST(TransformerGoldens, EveryCaseMatchesPyTorchInDoubleAndFloat) {
+  const auto all = cases();
+  ASSERT_GE(all.size(), 9u);
+  for (const Case& c : all) {
+    SCOPED_TRACE(c.name);
+    const auto ours64 = run<double>(c);
+    const auto ours32 = run<float>(c);
+    // Every golden output and gradient has a counterpart: the state_dict names are PyTorch's.
+    size_t compared = 0;
+    for (const auto& [name, data] : c.file.tensors) {
+      if (name.size() < 4 || name.compare(name.size() - 4, 4, "_f64") != 0) continue;
+      const std::string base = name.substr(0, name.size() - 4);
+      ASSERT_TRUE(ours64.count(base)) << "no " << base << " in mha's module";
+      const Tensor<double> expected = c.tensor<double>(name), torch32 = c.tensor<double>(base + "_f32");
+      ASSERT_EQ(ours64.at(base).shape(), expected.shape()) << base;
+      const double scale = std::max(1.0, mha::testing::max_abs(expected));
+      EXPECT_LE(mha::testing::max_abs_diff(ours64.at(base), expected), 1e-10 * scale) << base << " (double)";
+      const auto cmp = mha::testing::compare_with_golden(ours32.at(base), expected, torch32);
+      EXPECT_TRUE(cmp.pass()) << base << " (float): error " << cmp.error << ", PyTorch float32's " << cmp.torch_error;
+      ++compared;
+    }
+    EXPECT_EQ(compared, ours64.size()) << "every output and gradient of mha's module is in the golden";
+  }
+}
+
+TEST(TransformerEncoderLayer, StateDictNamesAreTorchsAndInitialisationFollowsItsDistributions) {
+  TransformerEncoderLayerOptions o;
+  o.d_model = 64;
+  o.nhead = 4;
+  o.dim_feedforward = 256;
+  TransformerEncoderLayer<double> layer(o, 3);
+  std::vector<std::string> names;
+  for (auto& p : layer.parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn.in_proj_weight", "self_attn.in_proj_bias",
+                                             "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight",
+                                             "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight",
+                                             "norm1.bias", "norm2.weight", "norm2.bias"}));
+  // linear1: kaiming_uniform(a=√5) = U(±1/√64); linear2: U(±1/√256); in_proj xavier: U(±√(6/(64+192))).
+  auto bound = [](const Tensor<double>& t) {
+    double m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t[i]));
+    return m;
+  };
+  EXPECT_LE(bound(layer.linear1.weight), 1.0 / 8);
+  EXPECT_GT(bound(layer.linear1.weight), 0.9 / 8);
+  EXPECT_LE(bound(layer.linear2.weight), 1.0 / 16);
+  EXPECT_GT(bound(layer.linear2.weight), 0.9 / 16);
+  EXPECT_LE(bound(layer.self_attn.parameters()[0].value[0]), std::sqrt(6.0 / 256));
+  EXPECT_EQ(bound(layer.norm1.bias), 0.0);
+  EXPECT_EQ(layer.norm2.weight[0], 1.0);
+  o.bias = false;
+  TransformerEncoderLayer<double> no_bias(o);
+  EXPECT_EQ(no_bias.parameters().size(), 6u);  // in_proj, out_proj, linear1, linear2, norm1, norm2 weights
+  TransformerEncoder<double> encoder(layer, {3, true});
+  EXPECT_EQ(encoder.parameters().size(), 3 * 12 + 2u);
+  EXPECT_EQ(encoder.parameters()[12].name, "layers.1.self_attn.in_proj_weight");
+  EXPECT_EQ(encoder.parameters().back().name, "norm.bias");
+  EXPECT_EQ(encoder.layer(2).linear1.weight[5], layer.linear1.weight[5]);  // copies, as PyTorch's deepcopy
+}
+
+// Finite differences in double, for both norm orders and activations, with masks, and in
+// training mode with dropout: each difference quotient runs a copy of the layer taken before
+// the forward, so every evaluation draws the same dropout masks as the forward being checked.
+TEST(TransformerEncoderLayer, GradientsMatchFiniteDifferences) {
+  mha::Generator gen(11);
+  for (bool norm_first : {false, true}) {
+    for (Activation act : {Activation::relu, Activation::gelu}) {
+      for (double p : {0.0, 0.3}) {
+        TransformerEncoderLayerOptions o;
+        o.d_model = 8;
+        o.nhead = 2;
+        o.dim_feedforward = 12;
+        o.dropout = p;
+        o.activation = act;
+        o.norm_first = norm_first;
+        o.batch_first = true;
+        TransformerEncoderLayer<double> layer(o, 5);
+        layer.train();
+        TransformerEncoderArgs<double> args;
+        args.src_key_padding_mask = mha::nn::Mask<double>(Tensor<bool>({2, 4}, {false, false, false, false, false, false, true, true}));
+        const Tensor<double> x = mha::testing::random_tensor({2, 4, 8}, gen);
+        const Tensor<double> g = mha::testing::random_tensor({2, 4, 8}, gen);
+        const TransformerEncoderLayer<double> before = layer;
+        mha::nn::TransformerEncoderLayerCache<double> cache;
+        layer.forward(x, args, &cache);
+        const Tensor<double> grad_x = layer.backward(g, cache);
+        SCOPED_TRACE(std::string(norm_first ? "pre-norm " : "post-norm ") + mha::nn::activation_name(act) +
+                     " dropout " + std::to_string(p));
+        auto f = [&](const Tensor<double>& v) {
+          TransformerEncoderLayer<double> copy = before;
+          return copy.forward(v, args);
+        };
+        EXPECT_TRUE(mha::testing::check_gradient(f, x, g, grad_x));
+        // Two parameters by name, through a copy with the parameter replaced.
+        for (const std::string& name : {std::string("self_attn.in_proj_weight"), std::string("linear1.bias")}) {
+          Tensor<double> analytic;
+          Tensor<double> value;
+          for (auto& prm : layer.parameters())
+            if (prm.name == name) analytic = *prm.grad, value = *prm.value;
+          auto fp = [&](const Tensor<double>& v) {
+            TransformerEncoderLayer<double> copy = before;
+            for (auto& prm : copy.parameters())
+              if (prm.name == name) *prm.value = v;
+            return copy.forward(x, args);
+          };
+          EXPECT_TRUE(mha::testing::check_gradient(fp, value, g, analytic)) << name;
+        }
+      }
+    }
+  }
+}
+
+TEST(TransformerEncoderLayer, TrainingDropoutIsReproducibleAndEvalIsDeterministic) {
+  TransformerEncoderLayerOptions o;
+  o.d_model = 8;
+  o.nhead = 2;
+  o.dim_feedforward = 16;
+  o.dropout = 0.5;
+  TransformerEncoderLayer<float> a(o, 9), b(o, 9);
+  mha::Generator gen(1);
+  const Tensor<float> x = mha::testing::random_tensor<float>({3, 2, 8}, gen);
+  const Tensor<float> a1 = a.forward(x), a2 = a.forward(x), b1 = b.forward(x);
+  for (int64_t i = 0; i < a1.numel(); ++i) ASSERT_EQ(a1[i], b1[i]);  // same seed, same masks
+  bool differ = false;
+  for (int64_t i = 0; i < a1.numel(); ++i) differ = differ || a1[i] != a2[i];
+  EXPECT_TRUE(differ) << "consecutive training forwards draw new masks";
+  a.eval();
+  const Tensor<float> e1 = a.forward(x), e2 = a.forward(x);
+  for (int64_t i = 0; i < e1.numel(); ++i) ASSERT_EQ(e1[i], e2[i]);
+}
+
+TEST(TransformerEncoderLayer, BadInputsAreErrorsNamingThem) {
+  TransformerEncoderLayerOptions o;
+  o.d_model = 8;
+  o.nhead = 3;
+  EXPECT_TRUE(throws_error([&] { TransformerEncoderLayer<float> l(o); }, {"d_model (8)", "divisible by nhead (3)"}));
+  o.nhead = 2;
+  o.dropout = 1.5;
+  EXPECT_TRUE(throws_error([&] { TransformerEncoderLayer<float> l(o); }, {"dropout", "[0, 1]", "1.5"}));
+  o.dropout = 0.1;
+  o.layer_norm_eps = -1;
+  EXPECT_TRUE(throws_error([&] { TransformerEncoderLayer<float> l(o); }, {"layer_norm_eps", "-1"}));
+  o.layer_norm_eps = 1e-5;
+  o.dim_feedforward = 0;
+  EXPECT_TRUE(throws_error([&] { TransformerEncoderLayer<float> l(o); }, {"dim_feedforward", ">= 1", "got 0"}));
+  o.dim_feedforward = 16;
+  EXPECT_TRUE(throws_error([] { mha::nn::activation_from_string("tanh"); }, {"activation", "\"relu\" or \"gelu\"", "tanh"}));
+  TransformerEncoderLayer<float> layer(o);
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({2, 3, 7})); }, {"src", "(S, N, 8)", "[2, 3, 7]"}));
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({8})); }, {"src", "[8]"}));
+  TransformerEncoderArgs<float> bad_mask;
+  bad_mask.src_key_padding_mask = mha::nn::Mask<float>(Tensor<bool>({3, 4}));
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), bad_mask); }, {"key_padding_mask"}));
+  TransformerEncoderArgs<float> causal;
+  causal.is_causal = true;
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), causal); }, {"is_causal", "attn_mask"}));
+  EXPECT_TRUE(throws_error([&] { layer.backward(Tensor<float>({5, 2, 8}), {}); }, {"cache", "empty"}));
+  EXPECT_TRUE(throws_error([&] { TransformerEncoder<float>(layer, {0, false}); }, {"num_layers", ">= 1", "got 0"}));
+}
+
+// The inference twin against the layer's own eval-mode forward, on random weights (norms and
+// biases too), both norm orders and activations, with a padding mask.
+TEST(PackedTransformerEncoderLayer, MatchesTheLayersEvalForward) {
+  mha::Generator gen(21);
+  for (bool norm_first : {false, true}) {
+    for (Activation act : {Activation::relu, Activation::gelu}) {
+      TransformerEncoderLayerOptions o;
+      o.d_model = 48;
+      o.nhead = 6;
+      o.dim_feedforward = 80;
+      o.activation = act;
+      o.norm_first = norm_first;
+      o.batch_first = true;
+      TransformerEncoderLayer<float> layer(o, 2);
+      for (auto& p : layer.parameters()) *p.value = mha::testing::random_tensor<float>(p.value->shape(), gen, -0.5, 0.5);
+      layer.eval();
+      const mha::nn::PackedTransformerEncoderLayer packed(layer);
+      const Tensor<float> x = mha::testing::random_tensor<float>({3, 13, 48}, gen, -2, 2);
+      Tensor<bool> padding({3, 13});
+      for (int64_t l = 9; l < 13; ++l) padding[13 + l] = true;
+      TransformerEncoderArgs<float> args;
+      args.src_key_padding_mask = mha::nn::Mask<float>(padding);
+      const Tensor<float> want = layer.forward(x, args), got = packed.forward(x, padding);
+      ASSERT_EQ(got.shape(), want.shape());
+      for (int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-5 * std::max(1.0f, std::abs(want[i])))
+            << (norm_first ? "pre" : "post") << "-norm " << mha::nn::activation_name(act) << ", element " << i;
+      EXPECT_TRUE(throws_error([&] { packed.forward(Tensor<float>({3, 13, 47})); }, {"src", "(N, L, 48)"}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(x, Tensor<bool>({3, 12})); }, {"key_padding_mask", "(3, 13)"}));
+    }
+  }
+}
+
+}  // namespace
