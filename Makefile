@@ -77,7 +77,7 @@ test-sanitize: deps model
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh $(FUZZ_TARGETS)
 
-demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block
+demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block semantic_search
 demo: deps model build python-package
 	./scripts/demo.sh $(BUILD_DIR)
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""mha from Python, the last stop of `make demo`: the numpy API, then mha inside PyTorch.
+"""mha from Python, the last stop of `make demo`: the numpy API, sentence embeddings, then mha
+inside PyTorch.
 
 Checks itself (exit 1 on a mismatch): mha's numpy result against the plain formula in float64,
 and mha.torch against PyTorch's own scaled_dot_product_attention, forward and gradients, then a
 torch model whose SDPA calls are routed to mha by mha.torch.patch().
 """
+import pathlib
 import sys
 
 import numpy as np
@@ -36,6 +38,15 @@ def main():
     k, v = rng.standard_normal((2, 8, 256, 64)), rng.standard_normal((2, 8, 256, 64))
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
     ok &= check("mha.scaled_dot_product_attention vs the plain formula", np.abs(out - plain_attention(q, k, v, True)).max(), 1e-12)
+
+    model = pathlib.Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
+    print(f"\nmha.SentenceEncoder({model.name}): sentence embeddings, cosine similarities")
+    encoder = mha.SentenceEncoder(model)
+    sentences = ["A man is eating food.", "Someone is having a meal.", "The stock market fell."]
+    e = encoder.encode(sentences)
+    for i, j in ((0, 1), (0, 2)):
+        print(f"  {float(e[i] @ e[j]):.4f}  {sentences[i]!r} ~ {sentences[j]!r}")
+    ok &= bool(e[0] @ e[1] > e[0] @ e[2])
 
     try:
         import torch
