@@ -111,6 +111,7 @@ WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, WordPiece
         config_.model_max_length);
   // Longest first, so that one special token that is a prefix of another never wins.
   std::sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  for (const std::string& s : specials_) special_code_points_.push_back(decode(s, "WordPieceTokenizer: special token"));
 }
 
 WordPieceTokenizer WordPieceTokenizer::from_directory(const std::string& directory) {
@@ -274,10 +275,10 @@ std::vector<std::string> WordPieceTokenizer::tokenize(std::string_view text) con
   for (size_t i = 0; i < cps.size();) {
     const std::string* special = nullptr;
     size_t length = 0;
-    for (const std::string& s : specials_) {
-      const CodePoints sc = decode(s, "tokenizer: special token");
+    for (size_t s = 0; s < specials_.size(); ++s) {
+      const std::vector<char32_t>& sc = special_code_points_[s];
       if (i + sc.size() <= cps.size() && std::equal(sc.begin(), sc.end(), cps.begin() + static_cast<std::ptrdiff_t>(i))) {
-        special = &s;
+        special = &specials_[s];
         length = sc.size();
         break;
       }

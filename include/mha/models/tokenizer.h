@@ -93,6 +93,7 @@ class WordPieceTokenizer {
   std::unordered_map<std::string, int64_t> ids_;
   WordPieceConfig config_;
   std::vector<std::string> specials_;  // matched in the raw text, longest first
+  std::vector<std::vector<char32_t>> special_code_points_;  // the same, decoded
 };
 
 }  // namespace mha::models
