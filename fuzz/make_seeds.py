@@ -265,8 +265,22 @@ def attention_module():
     write(t, "module_bad_heads", module_case(6, 4, 1, 2, 2))
 
 
+# --- wordpiece_tokenizer: an options byte, a max_length byte, then the text --------------------
+def wordpiece_tokenizer():
+    t = "wordpiece_tokenizer"
+    lower_chinese_clean = 1 | 8 | 16
+    write(t, "plain", bytes([lower_chinese_clean, 16]) + "ab, ba! é".encode())
+    write(t, "special_tokens", bytes([lower_chinese_clean, 40]) + "a[MASK]b [CLS][SEP] [mask]".encode())
+    write(t, "cjk_accents_cased", bytes([8 | 16 | 4, 12]) + "东京 É e\u0301 İı ß".encode())
+    write(t, "controls_and_spaces", bytes([lower_chinese_clean, 20]) + "a\u200bb\u00adc\x00d\ufffd\u3000\u2028\x1b[2J".encode())
+    write(t, "long_word", bytes([lower_chinese_clean, 8]) + b"a" * 150)
+    write(t, "invalid_utf8", bytes([lower_chinese_clean, 9]) + b"ab \xff\xc3 \xe2\x82")
+    write(t, "max_length_1", bytes([0, 1]) + b"ab")
+
+
 if __name__ == "__main__":
     safetensors_parse()
     safetensors_roundtrip()
     idx_reader()
     attention_module()
+    wordpiece_tokenizer()

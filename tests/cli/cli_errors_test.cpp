@@ -63,7 +63,7 @@ class CliErrors : public mha::testing::CliTest {
 TEST_F(CliErrors, BadFlagsAndSubcommands) {
   expect_failure("", "A subcommand is required");
   expect_failure("no-such-command",
-                 "unknown command 'no-such-command' (commands: attention, heatmap, bench, train, eval)");
+                 "unknown command 'no-such-command' (commands: attention, heatmap, tokenize, embed, bench, train, eval)");
   const std::string attention = "attention --embed-dim 4 --num-heads 2 --inputs " +
                                 path("inputs.safetensors") + " --output " + path("out.safetensors");
   expect_failure(attention + " --no-such-flag", "--no-such-flag");
