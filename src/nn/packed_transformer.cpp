@@ -4,12 +4,15 @@
 #include <map>
 #include <string>
 
+#include "elementwise.h"
 #include "gelu_kernels.h"
 #include "mha/attention/attention.h"
 #include "mha/nn/relu.h"
 
 namespace mha::nn {
 namespace {
+
+using detail::add_into;
 
 // The layer's parameters by their PyTorch names.
 std::map<std::string, Tensor<float>*> parameters_by_name(TransformerEncoderLayer<float>& layer) {
@@ -29,15 +32,6 @@ LayerNorm<float> copy_norm(const std::map<std::string, Tensor<float>*>& params, 
   norm.weight = *params.at(name + ".weight");
   if (o.bias) norm.bias = *params.at(name + ".bias");
   return norm;
-}
-
-// x += y, elementwise (same shape).
-void add_into(Tensor<float>& x, const Tensor<float>& y) {
-  float* px = x.data();
-  const float* py = y.data();
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; ++i) px[i] += py[i];
 }
 
 }  // namespace

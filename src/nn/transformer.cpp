@@ -3,9 +3,12 @@
 #include <cmath>
 #include <utility>
 
+#include "elementwise.h"
 #include "mha/nn/relu.h"
 
 namespace mha::nn {
+
+using detail::sum;
 
 Activation activation_from_string(const std::string& name) {
   if (name == "relu") return Activation::relu;
@@ -51,16 +54,6 @@ MultiheadAttentionOptions attention_options(const TransformerEncoderLayerOptions
 
 // One stream of seeds per layer: self_attn's, then the three dropouts'.
 uint64_t derived_seed(uint64_t seed, uint64_t which) { return Generator(seed ^ (which * 0x9E3779B97F4A7C15ull)).next_u64(); }
-
-template <class T>
-Tensor<T> sum(Tensor<T> a, const Tensor<T>& b) {
-  T* pa = a.data();
-  const T* pb = b.data();
-  const int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; ++i) pa[i] += pb[i];
-  return a;
-}
 
 }  // namespace
 
