@@ -285,4 +285,82 @@ TEST_F(BrokenModel, WeightErrorsNameTheFileAndTensor) {
                            {"attention_mask", "0 or 1", "got 2"}));
 }
 
+// Pooling by hand: hidden (1, 3, 2) with the last token padding.
+TEST(Pooling, EveryModeByHand) {
+  const Tensor<float> hidden({1, 3, 2}, {1, -2, 3, 4, 100, 100});
+  const Tensor<int64_t> mask({1, 3}, {1, 1, 0});
+  using mha::models::Pooling;
+  auto pooled = [&](Pooling p, bool normalize) {
+    const Tensor<float> out = mha::models::pool(hidden, mask, p, normalize);
+    return std::vector<float>(out.data(), out.data() + 2);
+  };
+  EXPECT_EQ(pooled(Pooling::mean, false), (std::vector<float>{2, 1}));
+  EXPECT_EQ(pooled(Pooling::cls, false), (std::vector<float>{1, -2}));
+  EXPECT_EQ(pooled(Pooling::max, false), (std::vector<float>{3, 4}));
+  const float r2 = static_cast<float>(std::sqrt(2.0));
+  EXPECT_EQ(pooled(Pooling::mean_sqrt_len, false), (std::vector<float>{4 / r2, 2 / r2}));
+  const float n = static_cast<float>(std::sqrt(5.0));
+  const auto normalized = pooled(Pooling::mean, true);
+  EXPECT_FLOAT_EQ(normalized[0], 2 / n);
+  EXPECT_FLOAT_EQ(normalized[1], 1 / n);
+  EXPECT_TRUE(throws_error([&] { mha::models::pool(hidden, Tensor<int64_t>({1, 2}), Pooling::mean, false); },
+                           {"pool", "attention_mask (N, L)"}));
+}
+
+// sentence-transformers' files: a real directory copied with one file changed.
+class BrokenSentenceModel : public mha::testing::TempDirTest<> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(have_minilm());
+    for (const auto& entry : fs::directory_iterator(minilm_dir())) {
+      const fs::path to = dir_ / entry.path().filename();
+      if (entry.path().filename() == "model.safetensors") {
+        fs::create_symlink(entry.path(), to);
+      } else {
+        fs::copy(entry.path(), to, fs::copy_options::recursive);
+      }
+    }
+  }
+  void write(const std::string& name, const std::string& text) { std::ofstream(path(name)) << text; }
+  ::testing::AssertionResult fails_with(std::initializer_list<std::string> parts) {
+    return throws_error([&] { SentenceEncoder e(dir_.string()); }, parts);
+  }
+};
+
+TEST_F(BrokenSentenceModel, ConfigurationErrorsNameTheFileAndField) {
+  const std::string transformer = R"({"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"})";
+  const std::string pooling = R"({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})";
+  write("modules.json", "[" + transformer + ", " + pooling + R"(, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"}])");
+  EXPECT_TRUE(fails_with({"modules.json", "\"sentence_transformers.models.Dense\" is not supported"}));
+  write("modules.json", "[" + pooling + "]");
+  EXPECT_TRUE(fails_with({"modules.json", "Pooling module after the Transformer"}));
+  write("modules.json", "{}");
+  EXPECT_TRUE(fails_with({"modules.json", "list of modules"}));
+  write("modules.json", "[" + transformer + ", " + pooling + "]");
+  write("1_Pooling/config.json", R"({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true})");
+  EXPECT_TRUE(fails_with({"1_Pooling/config.json", "exactly one of", "got 2"}));
+  write("1_Pooling/config.json", R"({"word_embedding_dimension": 384, "pooling_mode_lasttoken": true})");
+  EXPECT_TRUE(fails_with({"1_Pooling/config.json", "'pooling_mode_lasttoken'", "not supported"}));
+  write("1_Pooling/config.json", R"({"word_embedding_dimension": 768, "pooling_mode_mean_tokens": true})");
+  EXPECT_TRUE(fails_with({"1_Pooling/config.json", "'word_embedding_dimension'", "expected 384", "got 768"}));
+  write("1_Pooling/config.json", R"({"pooling_mode_cls_token": true})");
+  write("sentence_bert_config.json", R"({"max_seq_length": 1000})");
+  EXPECT_TRUE(fails_with({"sentence_bert_config.json", "'max_seq_length'", "at most 512", "got 1000"}));
+  write("sentence_bert_config.json", R"({"max_seq_length": 64, "do_lower_case": true})");
+  EXPECT_TRUE(fails_with({"sentence_bert_config.json", "'do_lower_case'"}));
+  // What remains loads: CLS pooling, no Normalize, 64 tokens.
+  write("sentence_bert_config.json", R"({"max_seq_length": 64})");
+  const SentenceEncoder e(dir_.string());
+  EXPECT_EQ(e.pooling(), mha::models::Pooling::cls);
+  EXPECT_FALSE(e.normalize());
+  EXPECT_EQ(e.max_seq_length(), 64);
+  // A plain Hugging Face directory: mean pooling, no normalisation, min(model_max_length, positions).
+  fs::remove(path("modules.json"));
+  fs::remove(path("sentence_bert_config.json"));
+  const SentenceEncoder plain(dir_.string());
+  EXPECT_EQ(plain.pooling(), mha::models::Pooling::mean);
+  EXPECT_FALSE(plain.normalize());
+  EXPECT_EQ(plain.max_seq_length(), 512);
+}
+
 }  // namespace
