@@ -198,7 +198,7 @@ Tensor<float> PackedLinear::forward(View<const float> x) const {
   return y;
 }
 
-void PackedLinear::forward(View<const float> x, View<float> y) const {
+void PackedLinear::forward(View<const float> x, View<float> y, const Epilogue& epilogue) const {
   check(x.dim() >= 1 && x.shape().back() == in_ && row_major(x), what_, ": input: expected a contiguous (..., ",
         in_, ") view, got shape ", x.shape(), " with strides ", x.strides());
   Shape expected = x.shape();
@@ -250,6 +250,7 @@ void PackedLinear::forward(View<const float> x, View<float> y) const {
         for (int64_t r = 0; r < nrows; ++r)
           for (int64_t j = c0; j < c1; ++j) c[r * out_ + j] += bias_[j];
       }
+      if (epilogue) epilogue(r0, nrows, p0 * W, std::min(out_, p1 * W) - p0 * W);
     }
   }
 }

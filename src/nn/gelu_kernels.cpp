@@ -76,5 +76,7 @@ void gelu_erf_forward(const float* x, float* y, int64_t n) {
   }
 }
 
+void gelu_erf_forward_serial(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluErfForward)(x, y, n); }
+
 }  // namespace mha::nn::detail
 #endif  // HWY_ONCE

@@ -4,15 +4,11 @@
 #include <map>
 #include <string>
 
-#include "elementwise.h"
 #include "gelu_kernels.h"
 #include "mha/attention/attention.h"
-#include "mha/nn/relu.h"
 
 namespace mha::nn {
 namespace {
-
-using detail::add_into;
 
 // The layer's parameters by their PyTorch names.
 std::map<std::string, Tensor<float>*> parameters_by_name(TransformerEncoderLayer<float>& layer) {
@@ -32,6 +28,14 @@ LayerNorm<float> copy_norm(const std::map<std::string, Tensor<float>*>& params, 
   norm.weight = *params.at(name + ".weight");
   if (o.bias) norm.bias = *params.at(name + ".bias");
   return norm;
+}
+
+// An epilogue adding residual rows (width `width`) to the same block of `out`.
+panel_gemm::PackedLinear::Epilogue add_rows(float* out, const float* residual, int64_t width) {
+  return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    for (int64_t r = row; r < row + rows; ++r)
+      for (int64_t j = col; j < col + cols; ++j) out[r * width + j] += residual[r * width + j];
+  };
 }
 
 }  // namespace
@@ -59,8 +63,9 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
           "PackedTransformerEncoderLayer: key_padding_mask: expected a contiguous (", N, ", ", L,
           ") view (true = padding), got shape ", key_padding_mask.shape());
 
-  // Self-attention block on `in` (N, L, E): out_proj(attention(in_proj(in))).
-  auto self_attention = [&](View<const float> in) {
+  // Self-attention block: residual + out_proj(attention(in_proj(in))), the residual added to
+  // each block of out_proj's product as it is finished.
+  auto self_attention = [&](View<const float> in, const float* residual) {
     const Tensor<float> qkv = in_proj_.forward(in);  // (N, L, 3E): rows [q | k | v]
     // Heads read in place: (N, H, L, hd) with rows of 3E floats.
     const Shape qkv_strides{L * 3 * E, hd, 3 * E, 1};
@@ -78,30 +83,40 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
     }
     attention::sdpa_forward_into<float>(
         q, k, v, {View<float>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);
-    return out_proj_.forward(merged);
+    Tensor<float> out = Tensor<float>::uninitialized({N, L, E});
+    out_proj_.forward(merged, out, add_rows(out.data(), residual, E));
+    return out;
   };
-  // Feed-forward block: linear2(activation(linear1(in))).
-  auto feed_forward = [&](View<const float> in) {
-    Tensor<float> h = linear1_.forward(in);
-    if (options_.activation == Activation::gelu)
-      detail::gelu_erf_forward(h.data(), h.data(), h.numel());
-    else
-      h = relu(h);
-    return linear2_.forward(h);
+  // Feed-forward block: residual + linear2(activation(linear1(in))), the activation applied to
+  // each block of linear1's product and the residual added to linear2's as they are finished.
+  auto feed_forward = [&](View<const float> in, const float* residual) {
+    const int64_t F = options_.dim_feedforward;
+    Tensor<float> h = Tensor<float>::uninitialized({N, L, F});
+    float* ph = h.data();
+    linear1_.forward(in, h, [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+      for (int64_t r = row; r < row + rows; ++r) {
+        float* p = ph + r * F + col;
+        if (options_.activation == Activation::gelu) {
+          detail::gelu_erf_forward_serial(p, p, cols);
+        } else {
+          for (int64_t j = 0; j < cols; ++j) p[j] = std::max(p[j], 0.0f);
+        }
+      }
+    });
+    Tensor<float> out = Tensor<float>::uninitialized({N, L, E});
+    linear2_.forward(h, out, add_rows(out.data(), residual, E));
+    return out;
   };
 
-  Tensor<float> x = Tensor<float>::uninitialized({N, L, E});
-  std::copy_n(src.data(), src.numel(), x.data());
   if (options_.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
-    add_into(x, self_attention(norm1_.forward(x)));
-    add_into(x, feed_forward(norm2_.forward(x)));
-  } else {  // x = norm1(x + sa(x)); x = norm2(x + ff(x))
-    add_into(x, self_attention(x));
-    x = norm1_.forward(x);
-    add_into(x, feed_forward(x));
-    x = norm2_.forward(x);
+    Tensor<float> x = Tensor<float>::uninitialized(src.shape());  // LayerNorm takes a Tensor
+    std::copy_n(src.data(), src.numel(), x.data());
+    const Tensor<float> a1 = self_attention(norm1_.forward(x), x.data());
+    return feed_forward(norm2_.forward(a1), a1.data());
   }
-  return x;
+  // x = norm1(x + sa(x)); x = norm2(x + ff(x))
+  const Tensor<float> y1 = norm1_.forward(self_attention(src, src.data()));
+  return norm2_.forward(feed_forward(y1, y1.data()));
 }
 
 }  // namespace mha::nn

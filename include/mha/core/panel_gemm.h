@@ -19,6 +19,7 @@
 // on the target (vector width, FMA) but never on threads.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "mha/core/tensor.h"
@@ -74,11 +75,17 @@ class PackedLinear {
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
-  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous; y is overwritten.
-  // Rows and panels are split between OpenMP threads; every element is computed by one thread
-  // in a fixed order, so the result is bitwise the same for any thread count. Throws mha::Error
-  // when the shapes do not match or the SIMD target changed since packing.
-  void forward(View<const float> x, View<float> y) const;
+  // Called for each block of y that a thread has finished (bias added): rows [row, row + rows),
+  // columns [col, col + cols). It may rewrite that block (an activation, a residual added) on
+  // the thread that computed it, while the block is still in cache.
+  using Epilogue = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
+
+  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous; y is overwritten,
+  // then `epilogue` (if any) runs on each block. Rows and panels are split between OpenMP
+  // threads; every element is computed by one thread in a fixed order, so the result is bitwise
+  // the same for any thread count. Throws mha::Error when the shapes do not match or the SIMD
+  // target changed since packing.
+  void forward(View<const float> x, View<float> y, const Epilogue& epilogue = {}) const;
   Tensor<float> forward(View<const float> x) const;
 
  private:
