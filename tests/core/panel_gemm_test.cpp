@@ -86,6 +86,34 @@ TEST(PackedLinear, LeadingDimensionsAndAnyThreadCountGiveTheSameBits) {
   for (int64_t i = 0; i < one.numel(); ++i) ASSERT_EQ(into[i], one[i]) << "element " << i;
 }
 
+// The epilogue sees every element of y exactly once, after the bias, whatever the split.
+TEST(PackedLinear, EpilogueCoversEveryBlockOnce) {
+  mha::Generator gen(8);
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{7, 65}, {200, 130}, {1, 3}}) {
+    const Tensor<float> x = uniform({m, 33}, gen), w = uniform({n, 33}, gen), b = uniform({n}, gen);
+    const PackedLinear linear(w, b);
+    const Tensor<float> plain = linear.forward(x);
+    for (int threads : {1, 2}) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      Tensor<float> y({m, n});
+      Tensor<int32_t> seen({m, n});
+      linear.forward(x, y, [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+        for (int64_t r = row; r < row + rows; ++r)
+          for (int64_t c = col; c < col + cols; ++c) {
+            ++seen[r * n + c];
+            y[r * n + c] = 2 * y[r * n + c];
+          }
+      });
+      omp_set_num_threads(saved);
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        ASSERT_EQ(seen[i], 1) << "element " << i << ", " << threads << " threads";
+        ASSERT_EQ(y[i], 2 * plain[i]) << "element " << i;
+      }
+    }
+  }
+}
+
 TEST(PackedLinear, BadInputsAreErrorsNamingTheArgument) {
   const Tensor<float> w({4, 3}), x({2, 3});
   EXPECT_TRUE(throws_error([&] { PackedLinear(Tensor<float>({12}), {}, "q"); }, {"q: weight", "2-D", "[12]"}));
