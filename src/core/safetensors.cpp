@@ -697,6 +697,7 @@ void save(const File& file, const std::string& path) {
     // errno is read after fwrite has failed: as two arguments of one check(), the order in which
     // they were evaluated was unspecified, and GCC read errno first (a stale "Success").
     auto write = [&](const void* bytes, size_t size) {
+      if (size == 0) return;  // an empty tensor's bytes may be a null pointer, which fwrite must not get
       if (std::fwrite(bytes, 1, size, out) != size)
         throw Error(detail::concat("safetensors: cannot write '", path, "': ", std::strerror(errno)));
     };
