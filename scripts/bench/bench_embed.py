@@ -11,7 +11,8 @@ Each contender turns a list of str into normalised embeddings, tokenizing includ
             graph optimisations; tokenized by the model's Hugging Face fast tokenizer with
             sentence-transformers' batching (longest first, padded to the batch's longest)
 All three sort by length before batching, so the padding waste is the same. Rounds interleave the
-contenders; the median over rounds is reported, with ratios mha / peer from the same rounds, and
+contenders, with a pause of 0.5 s before each (ONNX Runtime's and OpenMP's idle threads spin for a
+while after a call, and would otherwise take a core from the next contender); the median over rounds is reported, with ratios mha / peer from the same rounds, and
 every peer's embeddings are checked against mha's (cosine), so all do the same work.
 Then `mha embed` file to file (process start, model load, tokenizing, encoding, writing).
 
@@ -161,6 +162,7 @@ def main():
             agreement[name] = cosine_min(np.asarray(encode(sentences, batch_size)), reference)
         for _ in range(rounds):
             for name, encode in contenders.items():
+                time.sleep(0.5)  # the previous contender's idle threads (ORT's, OpenMP's) stop spinning
                 times[name].append(timed(lambda: encode(sentences, batch_size))[0])
         rate = {name: count / statistics.median(t) for name, t in times.items()}
         case = {"sentences": count, "sentences_per_s": rate, "min_cosine_vs_mha": agreement}
