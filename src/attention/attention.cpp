@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "cpu_flash/cpu_flash.h"
+#include "decode/decode.h"
+#include "mha/core/half.h"
 #include "problem.h"
 #include "reference.h"
 
@@ -108,14 +110,36 @@ Masks<T> make_masks(const Problem& p, const Options<T>& options) {
           broadcast_view<T>(options.additive_mask, p, "additive_mask")};
 }
 
-// The backend that runs: `automatic` is cpu_flash for float and reference for double (the
-// double path exists for checking, where the plain definition is what is wanted).
+// The largest number of query rows (per head) the automatic choice sends to the decode backend;
+// past it cpu_flash's tiles of 96 query rows are the better use of the keys read.
+constexpr int64_t kDecodeRows = 16;
+
+// The backend that runs the forward: `automatic` is decode for float with at most kDecodeRows
+// query rows and no weights asked for, cpu_flash for other float calls, reference for double
+// (the double path exists for checking, where the plain definition is what is wanted).
 template <class T>
-Backend resolve_backend(Backend requested) {
-  if (requested == Backend::automatic) return std::is_same_v<T, float> ? Backend::cpu_flash : Backend::reference;
-  check(requested != Backend::cpu_flash || std::is_same_v<T, float>,
+Backend resolve_backend(Backend requested, const Problem& p, bool need_weights) {
+  constexpr bool is_float = std::is_same_v<T, float>;
+  if (requested == Backend::automatic) {
+    if (!is_float) return Backend::reference;
+    return p.query_len <= kDecodeRows && !need_weights ? Backend::decode : Backend::cpu_flash;
+  }
+  check(requested != Backend::cpu_flash || is_float,
         "options.backend: cpu_flash supports float32 only (use reference or automatic for double)");
+  check(requested != Backend::decode || is_float,
+        "options.backend: decode supports float32 only (use reference or automatic for double)");
+  check(requested != Backend::decode || !need_weights,
+        "options.backend: decode does not return the weights (options.need_weights is set): use cpu_flash or "
+        "reference");
   return requested;
+}
+
+// The backward's: decode is a forward kernel, so its calls' backward runs cpu_flash (the same
+// function of the same inputs, differing only in float rounding).
+template <class T>
+Backend resolve_backward_backend(Backend requested, const Problem& p) {
+  const Backend b = resolve_backend<T>(requested == Backend::decode ? Backend::cpu_flash : requested, p, false);
+  return b == Backend::decode ? Backend::cpu_flash : b;
 }
 
 // No query rows (B, Hq or L is 0): the results are empty whatever the backend, and are made
@@ -161,31 +185,47 @@ void zero(const View<T>& v) {
   }
 }
 
+// A contiguous float copy of a half-precision operand (any strides, last dimension contiguous).
+template <class Kv>
+Tensor<float> to_float(const View<const Kv>& v) {
+  Tensor<float> t(v.shape());
+  if (v.numel() == 0) return t;
+  const int64_t D = v.size(3);
+  float* out = t.data();
+  for (int64_t b = 0; b < v.size(0); ++b)
+    for (int64_t h = 0; h < v.size(1); ++h)
+      for (int64_t s = 0; s < v.size(2); ++s, out += D)
+        convert(v.data() + b * v.stride(0) + h * v.stride(1) + s * v.stride(2), out, static_cast<size_t>(D));
+  return t;
+}
+
+using ByteRanges = std::vector<std::pair<const char*, const char*>>;
+
+// The bytes a call reads: its operands' (given) and the masks'.
 template <class T>
-std::vector<std::pair<const char*, const char*>> input_ranges(std::initializer_list<View<const T>> views,
-                                                              const Options<T>& options) {
-  std::vector<std::pair<const char*, const char*>> out;
-  for (const auto& v : views) out.push_back(byte_range(v));
-  out.push_back(byte_range(options.attend_mask));
-  out.push_back(byte_range(options.additive_mask));
-  return out;
+ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
+  operands.push_back(byte_range(options.attend_mask));
+  operands.push_back(byte_range(options.additive_mask));
+  return operands;
 }
 
 // The two calls, on views: `fresh` when the outputs are newly made tensors (zero already,
-// distinct from everything), so neither the checks nor the zeroing is needed.
-template <class T>
-void forward(View<const T> query, View<const T> key, View<const T> value, const ForwardOutputs<T>& out,
+// distinct from everything), so neither the checks nor the zeroing is needed. Keys and values
+// are T, or (Kv, with T float) bfloat16/float16: those the decode backend reads in place and the
+// other backends read converted to float.
+template <class T, class Kv = T>
+void forward(View<const T> query, View<const Kv> key, View<const Kv> value, const ForwardOutputs<T>& out,
              const Options<T>& options, bool fresh) {
-  detail::ForwardArgs<T> a;
+  detail::ForwardArgs<T, Kv> a;
   a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
   a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
   a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
   const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
   const Masks<T> masks = make_masks(p, options);
-  const Backend backend = resolve_backend<T>(options.backend);
+  const Backend backend = resolve_backend<T>(options.backend, p, options.need_weights);
   if (!fresh) {
-    const auto inputs = input_ranges<T>({query, key, value}, options);
-    std::vector<std::pair<const char*, const char*>> written;
+    const ByteRanges inputs = input_ranges({byte_range(query), byte_range(key), byte_range(value)}, options);
+    ByteRanges written;
     check_output(out.output, {p.batch, p.query_heads, p.query_len, p.v_head_dim}, "output", inputs, written);
     check_output(out.logsumexp, {p.batch, p.query_heads, p.query_len}, "logsumexp", inputs, written);
     check(out.weights.defined() == options.need_weights, "weights: expected ",
@@ -194,6 +234,13 @@ void forward(View<const T> query, View<const T> key, View<const T> value, const 
           ", got ", out.weights.defined() ? "one" : "none");
     if (options.need_weights)
       check_output(out.weights, {p.batch, p.query_heads, p.query_len, p.key_len}, "weights", inputs, written);
+  }
+  if constexpr (!std::is_same_v<T, Kv>) {
+    if (backend != Backend::decode) {  // the check paths: the keys and values converted to float
+      Options<T> resolved = options;
+      resolved.backend = backend;
+      return forward<T, T>(query, to_float(key), to_float(value), out, resolved, fresh);
+    }
   }
   a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
   if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
@@ -208,14 +255,13 @@ void forward(View<const T> query, View<const T> key, View<const T> value, const 
   // of which one is 0 and the others may be huge (the checks above allow B·Hq past 64 bits when
   // L is 0, as a product with a zero factor is 0).
   if (no_query_rows(p)) return;
-  switch (backend) {
-    case Backend::reference:
-      return detail::reference_forward(p, masks, a);
-    case Backend::cpu_flash:
-      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_forward(p, masks, a);
-      break;
-    case Backend::automatic:
-      break;
+  if constexpr (std::is_same_v<T, float>) {
+    if (backend == Backend::decode) return detail::decode_forward(p, masks, a);
+  }
+  if constexpr (std::is_same_v<T, Kv>) {
+    if (backend == Backend::reference) return detail::reference_forward(p, masks, a);
+    if constexpr (std::is_same_v<T, float>)
+      if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, masks, a);
   }
   throw Error("sdpa_forward: options.backend: unknown backend");
 }
@@ -237,11 +283,12 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   a.output = rows_of(output, "output", "(B, Hq, L, Dv)");
   a.grad_output = rows_of(grad_output, "grad_output", "(B, Hq, L, Dv)");
   a.logsumexp = lse_rows_of(logsumexp);
-  const Backend backend = resolve_backend<T>(options.backend);
+  const Backend backend = resolve_backward_backend<T>(options.backend, p);
   if (!fresh) {
-    auto inputs = input_ranges<T>({query, key, value, output, grad_output}, options);
+    auto inputs = input_ranges({byte_range(query), byte_range(key), byte_range(value), byte_range(output),
+                                byte_range(grad_output)}, options);
     inputs.push_back(byte_range(logsumexp));
-    std::vector<std::pair<const char*, const char*>> written;
+    ByteRanges written;
     check_output(grads.grad_query, query.shape(), "grad_query", inputs, written);
     check_output(grads.grad_key, key.shape(), "grad_key", inputs, written);
     check_output(grads.grad_value, value.shape(), "grad_value", inputs, written);
@@ -263,6 +310,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
       if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_backward(p, masks, a);
       break;
     case Backend::automatic:
+    case Backend::decode:
       break;
   }
   throw Error("sdpa_backward: options.backend: unknown backend");
@@ -285,7 +333,7 @@ ForwardResult<T> sdpa_forward(const Tensor<T>& query, const Tensor<T>& key, cons
   ForwardResult<T> r{Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim}),
                      Tensor<double>({p.batch, p.query_heads, p.query_len}), std::nullopt};
   if (options.need_weights) r.weights = Tensor<T>({p.batch, p.query_heads, p.query_len, p.key_len});
-  forward<T>(query, key, value, {r.output, r.logsumexp, r.weights ? View<T>(*r.weights) : View<T>()}, options,
+  forward<T, T>(query, key, value, {r.output, r.logsumexp, r.weights ? View<T>(*r.weights) : View<T>()}, options,
              /*fresh=*/true);
   return r;
 }
@@ -307,7 +355,7 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
 template <class T>
 void sdpa_forward_into(View<const T> query, View<const T> key, View<const T> value, const ForwardOutputs<T>& out,
                        const Options<T>& options) {
-  forward(query, key, value, out, options, /*fresh=*/false);
+  forward<T, T>(query, key, value, out, options, /*fresh=*/false);
 }
 
 template <class T>
@@ -315,6 +363,16 @@ void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> va
                         View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
                         const Options<T>& options) {
   backward(query, key, value, output, logsumexp, grad_output, grads, options, /*fresh=*/false);
+}
+
+void sdpa_forward_into(View<const float> query, View<const bfloat16> key, View<const bfloat16> value,
+                       const ForwardOutputs<float>& out, const Options<float>& options) {
+  forward<float, bfloat16>(query, key, value, out, options, /*fresh=*/false);
+}
+
+void sdpa_forward_into(View<const float> query, View<const float16> key, View<const float16> value,
+                       const ForwardOutputs<float>& out, const Options<float>& options) {
+  forward<float, float16>(query, key, value, out, options, /*fresh=*/false);
 }
 
 #define MHA_INSTANTIATE(T)                                                                                      \

@@ -80,10 +80,12 @@ struct Masks {
 // What a backend's forward reads and writes. Every backend writes every element of logsumexp;
 // cpu_flash also every element of output, which the reference adds into (it starts at 0 there).
 // The weights start at 0 (cpu_flash leaves the keys causality hides unwritten); absent unless
-// the call asked for them.
-template <class T>
+// the call asked for them. Keys and values may be stored in another type than the queries
+// (Kv: bfloat16 or float16 in a KV cache, read by the decode backend).
+template <class T, class Kv = T>
 struct ForwardArgs {
-  Rows<const T> query, key, value;
+  Rows<const T> query;
+  Rows<const Kv> key, value;
   Rows<T> output;
   Rows<double> logsumexp;
   Rows<T> weights;

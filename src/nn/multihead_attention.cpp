@@ -526,6 +526,49 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
 }
 
 template <class T>
+template <class Kv>
+Tensor<T> MultiheadAttention<T>::forward_cached(const Tensor<T>& x, KVCache<Kv>& cache, std::span<const int64_t> counts) {
+  static_assert(std::is_same_v<T, float>, "the KV cache computes in float");
+  const MultiheadAttentionOptions& o = options_;
+  const int64_t e = o.embed_dim, heads = o.num_heads, hd = head_dim();
+  check(packed_in_projection() && !o.add_bias_kv && !o.add_zero_attn,
+        "MultiheadAttention::forward_cached: expected self-attention with kdim = vdim = embed_dim and neither "
+        "add_bias_kv nor add_zero_attn, got kdim ", kdim(), ", vdim ", vdim(), ", add_bias_kv ", o.add_bias_kv,
+        ", add_zero_attn ", o.add_zero_attn);
+  check(x.dim() == 2 || x.dim() == 3, "MultiheadAttention::forward_cached: x: expected a 3-D tensor ",
+        o.batch_first ? "(N, T, E)" : "(T, N, E)", " or a 2-D unbatched tensor (T, E), got shape ", x.shape());
+  const bool unbatched = x.dim() == 2;
+  const BatchFirst<T> in = batch_first_input(View<const T>(x), unbatched, o.batch_first);
+  const int64_t n = in.view.size(0), len = in.view.size(1);
+  check(in.view.size(2) == e, "MultiheadAttention::forward_cached: x: expected last dimension embed_dim = ", e,
+        ", got shape ", x.shape());
+  check(cache.batch() == n && cache.kv_heads() == heads && cache.qk_head_dim() == hd && cache.v_head_dim() == hd,
+        "MultiheadAttention::forward_cached: cache: expected batch ", n, ", ", heads, " kv heads and head dims ", hd,
+        ", got batch ", cache.batch(), ", ", cache.kv_heads(), " kv heads, head dims ", cache.qk_head_dim(), " and ",
+        cache.v_head_dim());
+  // One projection for q, k and v together: (N, T, 3E), each a (N, H, T, hd) view of it.
+  const MultiheadAttentionWeights<T> w = weights();
+  const Tensor<T> qkv = linear_forward<T>(in.view, {w.in_proj_weight.data(), 3 * e, e}, data_or_null(w.in_proj_bias),
+                                          "MultiheadAttention: in projection");
+  auto part = [&](int64_t which) {
+    return View<const T>(qkv.data() + which * e, {n, heads, len, hd}, {len * 3 * e, hd, 3 * e, 1});
+  };
+  cache.append(part(1), part(2), counts);
+  Tensor<T> merged({n, len, e});
+  attend_into(cache, part(0), heads_view(merged, heads));
+  Tensor<T> out = linear_forward<T>(View<const T>(merged), {w.out_proj_weight.data(), e, e},
+                                    data_or_null(w.out_proj_bias), "MultiheadAttention: out_proj");
+  return to_caller_layout(std::move(out), unbatched, o.batch_first);
+}
+
+template Tensor<float> MultiheadAttention<float>::forward_cached(const Tensor<float>&, KVCache<float>&,
+                                                                 std::span<const int64_t>);
+template Tensor<float> MultiheadAttention<float>::forward_cached(const Tensor<float>&, KVCache<bfloat16>&,
+                                                                 std::span<const int64_t>);
+template Tensor<float> MultiheadAttention<float>::forward_cached(const Tensor<float>&, KVCache<float16>&,
+                                                                 std::span<const int64_t>);
+
+template <class T>
 MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAttentionOptions& unresolved,
                                                             const MultiheadAttentionWeights<T>& weights,
                                                             View<const std::type_identity_t<T>> grad_output,

@@ -8,14 +8,16 @@
 namespace mha::tools {
 
 inline void add_backend_option(CLI::App* cmd, std::string& name) {
-  cmd->add_option("--backend", name, "attention backend (automatic: cpu_flash for float32, reference for float64)")
-      ->check(CLI::IsMember({"automatic", "reference", "cpu_flash"}))
+  cmd->add_option("--backend", name, "attention backend (automatic: decode for float32 with at most 16 query rows and no weights, cpu_flash "
+                  "for other float32 calls, reference for float64)")
+      ->check(CLI::IsMember({"automatic", "reference", "cpu_flash", "decode"}))
       ->capture_default_str();
 }
 
 inline attention::Backend parse_backend(const std::string& name) {
   if (name == "reference") return attention::Backend::reference;
   if (name == "cpu_flash") return attention::Backend::cpu_flash;
+  if (name == "decode") return attention::Backend::decode;
   return attention::Backend::automatic;
 }
 

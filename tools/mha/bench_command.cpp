@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend_option.h"
@@ -25,6 +26,7 @@
 #include "mha/core/blas_threads.h"
 #include "mha/core/escape.h"
 #include "mha/core/gemm.h"
+#include "mha/core/half.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
 
@@ -34,7 +36,8 @@ namespace {
 struct BenchArgs {
   std::string json_path;
   std::string backend = "automatic";
-  bool quick = false;  // small shapes only: a smoke run for tests
+  bool quick = false;   // small shapes only: a smoke run for tests
+  bool decode = false;  // decode steps against a KV cache instead (run_decode_bench)
   int repeats = 5;
 };
 
@@ -108,6 +111,13 @@ double sgemm_gflops(int repeats) {
       [&] { gemm<float>(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); },
       repeats);
   return 2.0 * n * n * n / t / 1e9;
+}
+
+void write_report(const nlohmann::json& report, const std::string& path) {
+  if (path.empty()) return;
+  const std::string text = report.dump(2) + "\n";
+  write_file_atomically(path, "mha bench", [&](std::FILE* f) { std::fputs(text.c_str(), f); });
+  std::printf("JSON written to %s\n", escape(path).c_str());
 }
 
 void run_bench(const BenchArgs& args) {
@@ -190,11 +200,102 @@ void run_bench(const BenchArgs& args) {
   report["module"] = {{"batch", batch}, {"len", len}, {"embed_dim", embed}, {"num_heads", 8},
                       {"forward_ms", t_module * 1e3}};
 
-  if (!args.json_path.empty()) {
-    const std::string text = report.dump(2) + "\n";
-    write_file_atomically(args.json_path, "mha bench", [&](std::FILE* f) { std::fputs(text.c_str(), f); });
-    std::printf("JSON written to %s\n", escape(args.json_path).c_str());
+  write_report(report, args.json_path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode: one query row per head (B, Hq = 32, 1, d = 128) against a KV cache (B, Hkv, S, 128) in
+// float32 or bfloat16, bottom-right causal (the new token sees the whole cache). The work is
+// reading the cache once, so the figure is GB/s of keys and values read, beside the machine's
+// read bandwidth measured here by a large parallel sum. Each step reads another copy of the cache
+// (as each layer of a model reads its own), enough copies to fill 512 MiB, so that the last
+// level cache does not hold the cache between steps.
+
+// GB/s of a parallel sum over 1 GiB (on every thread, the way the decode kernel reads).
+double read_bandwidth_gbs(int repeats) {
+  const int64_t n = int64_t{1} << 27;  // 128 Mi uint64 = 1 GiB
+  std::unique_ptr<uint64_t[]> data(new uint64_t[n]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<uint64_t>(i);
+  uint64_t total = 0;
+  const double t = median_seconds([&] {
+    uint64_t sum = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += data[i];
+    total += sum;
+  }, repeats);
+  if (total == 42) std::printf(" ");  // keep the sum alive
+  return static_cast<double>(n) * sizeof(uint64_t) / t / 1e9;
+}
+
+// Finite values in [−1, 1] (cheap, parallel: a cache of several GB filled by a normal generator
+// would take longer than the measurement).
+template <class T>
+void fill_values(T* data, int64_t n, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(static_cast<int64_t>((static_cast<uint64_t>(i) + seed) * 2654435761u % 2001) - 1000) / 1000.0f;
+    if constexpr (std::is_same_v<T, float>) {
+      data[i] = x;
+    } else {
+      data[i] = to_bfloat16(x);
+    }
   }
+}
+
+template <class Kv>
+void decode_row(nlohmann::json& report, int64_t batch, int64_t kv_heads, int64_t keys, double bandwidth, int repeats) {
+  const int64_t heads = 32, d = 128;
+  const int64_t bytes = 2 * batch * kv_heads * keys * d * static_cast<int64_t>(sizeof(Kv));
+  const int64_t copies = std::clamp<int64_t>(((int64_t{512} << 20) + bytes - 1) / bytes, 1, 64);
+  std::vector<Tensor<Kv>> k, v;
+  for (int64_t c = 0; c < copies; ++c) {
+    k.emplace_back(Shape{batch, kv_heads, keys, d});
+    v.emplace_back(Shape{batch, kv_heads, keys, d});
+    fill_values(k.back().data(), k.back().numel(), 2 * static_cast<uint64_t>(c));
+    fill_values(v.back().data(), v.back().numel(), 2 * static_cast<uint64_t>(c) + 1);
+  }
+  Tensor<float> q({batch, heads, 1, d}), out({batch, heads, 1, d});
+  fill_values(q.data(), q.numel(), 7);
+  Tensor<double> lse({batch, heads, 1});
+  attention::Options<float> opt;
+  opt.causal = attention::Causal::bottom_right;
+  const double t = median_seconds([&] {
+    for (int64_t c = 0; c < copies; ++c) attention::sdpa_forward_into(View<const float>(q), View<const Kv>(k[c]), View<const Kv>(v[c]), {out, lse, {}}, opt);
+  }, repeats) / static_cast<double>(copies);
+  const double gbs = static_cast<double>(bytes) / t / 1e9;
+  std::printf("%-9s %3lld %4lld %7lld %10.3f %8.1f %7.0f%%\n", storage_name<Kv>(), static_cast<long long>(batch),
+              static_cast<long long>(kv_heads), static_cast<long long>(keys), t * 1e3, gbs, 100 * gbs / bandwidth);
+  std::fflush(stdout);
+  report["decode"].push_back({{"dtype", storage_name<Kv>()}, {"batch", batch}, {"query_heads", heads},
+                              {"kv_heads", kv_heads}, {"keys", keys}, {"head_dim", d}, {"step_ms", t * 1e3},
+                              {"cache_bytes", bytes}, {"gb_per_s", gbs}});
+}
+
+void run_decode_bench(const BenchArgs& args) {
+  nlohmann::json report;
+  report["threads"] = omp_get_max_threads();
+  const double bandwidth = read_bandwidth_gbs(args.repeats);
+  report["read_bandwidth_gb_per_s"] = bandwidth;
+  std::printf("mha bench --decode: %d threads; read bandwidth (parallel sum of 1 GiB) %.1f GB/s\n"
+              "one query row per head, Hq = 32, d = 128, bottom-right causal; GB/s of keys and values read\n\n",
+              omp_get_max_threads(), bandwidth);
+  std::printf("%-9s %3s %4s %7s %10s %8s %8s\n", "cache", "B", "Hkv", "S", "step ms", "GB/s", "%read");
+  const std::vector<int64_t> batches = args.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
+  const std::vector<int64_t> kv_heads = args.quick ? std::vector<int64_t>{8} : std::vector<int64_t>{8, 32};
+  const std::vector<int64_t> lengths =
+      args.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 4096, 16384, 32768};
+  for (bool bf16 : {false, true})
+    for (int64_t b : batches)
+      for (int64_t h : kv_heads)
+        for (int64_t s : lengths) {
+          if (bf16) {
+            decode_row<bfloat16>(report, b, h, s, bandwidth, args.repeats);
+          } else {
+            decode_row<float>(report, b, h, s, bandwidth, args.repeats);
+          }
+        }
+  write_report(report, args.json_path);
 }
 
 }  // namespace
@@ -207,8 +308,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--repeats", args->repeats, "timed runs per measurement (the median is reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  cmd->add_flag("--quick", args->quick, "two small shapes only (a smoke test)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->add_flag("--quick", args->quick, "a few small shapes only (a smoke test)");
+  cmd->add_flag("--decode", args->decode,
+                "decode steps against a KV cache (float32 and bfloat16) beside the machine's read bandwidth, "
+                "instead of the attention and module shapes");
+  cmd->callback([args] { args->decode ? run_decode_bench(*args) : run_bench(*args); });
 }
 
 }  // namespace mha::tools

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "mha/attention/options.h"
+#include "mha/core/half.h"
 
 namespace mha::attention {
 
@@ -70,5 +71,14 @@ template <class T>
 void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
                         View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
                         const Options<T>& options = {});
+
+// Keys and values stored in bfloat16 or float16 (a KV cache's), queries and outputs in float:
+// the same call, contract and options. The decode backend (automatic's choice for at most 16
+// query rows without weights) converts each block of keys and values to float as it reads it and
+// computes in float; reference and cpu_flash run on a float copy of the keys and values.
+void sdpa_forward_into(View<const float> query, View<const bfloat16> key, View<const bfloat16> value,
+                       const ForwardOutputs<float>& out, const Options<float>& options = {});
+void sdpa_forward_into(View<const float> query, View<const float16> key, View<const float16> value,
+                       const ForwardOutputs<float>& out, const Options<float>& options = {});
 
 }  // namespace mha::attention

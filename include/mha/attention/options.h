@@ -20,11 +20,16 @@ enum class Causal { none, top_left, bottom_right };
 
 // Which implementation runs the call. Every backend takes the same Options and honours the same
 // contract (attention.h); they differ only in speed and in float rounding.
-//   automatic  cpu_flash for float, reference for double (the default)
+//   automatic  float: decode for at most 16 query rows per head without weights, cpu_flash
+//              otherwise; double: reference (the default)
 //   reference  the definition written plainly, one query row at a time (any scalar type)
 //   cpu_flash  the fused, tiled CPU kernel: never builds the L×S score matrix unless weights are
 //              asked for, SIMD through Highway with run-time dispatch (float only)
-enum class Backend { automatic, reference, cpu_flash };
+//   decode     flash-decoding for few query rows against many keys (generation against a KV
+//              cache): the keys split into fixed chunks across threads, partial results merged by
+//              log-sum-exp; reads bfloat16/float16 keys and values in place (float only; no
+//              weights; a forward kernel: sdpa_backward runs cpu_flash for it)
+enum class Backend { automatic, reference, cpu_flash, decode };
 
 template <class T>
 struct Options {

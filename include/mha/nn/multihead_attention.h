@@ -13,11 +13,13 @@
 // need_weights=True path returns NaN for such rows (pytorch/pytorch#41508, #152028).
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <variant>
 
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
+#include "mha/nn/kv_cache.h"
 #include "mha/nn/linear.h"
 #include "mha/nn/module.h"
 
@@ -179,6 +181,18 @@ class MultiheadAttention : public Module<T> {
                                       const Tensor<T>& value,
                                       const MultiheadAttentionArgs<T>& args = {},
                                       MultiheadAttentionCache<T>* cache = nullptr);
+
+  // Generation: the self-attention of new tokens x ((N, T, E) batch_first, (T, N, E) otherwise,
+  // (T, E) unbatched) over the tokens before them, whose keys and values `cache` holds, and over
+  // themselves. Projects x, appends its keys and values to the cache (sequence n takes its first
+  // counts[n] tokens, all T when counts is empty: KVCache::append), attends causally (attend in
+  // kv_cache.h; padding tokens give 0 before out_proj), then out_proj; returns x's layout.
+  // Token by token it gives what forward() gives for the whole sequence with a causal attn_mask.
+  // One cache per layer, of batch N (1 unbatched), num_heads kv heads, head_dim both sizes.
+  // Float modules only; inference: no dropout, no weights; kdim = vdim = embed_dim, no
+  // add_bias_kv or add_zero_attn (each a clear mha::Error).
+  template <class Kv>
+  Tensor<T> forward_cached(const Tensor<T>& x, KVCache<Kv>& cache, std::span<const int64_t> counts = {});
 
   // Gradients of sum(output ∘ grad_output) for query, key and value; parameter gradients are
   // added to the grad tensors listed by parameters().

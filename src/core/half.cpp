@@ -1,0 +1,106 @@
+// Bulk conversions between float and the half-precision storage types (mha/core/half.h), one
+// copy per Highway target; each call runs the best target this CPU supports.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/half.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "mha/core/half.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU32 = hn::RebindToUnsigned<DF>;
+using DU16 = hn::Rebind<uint16_t, DF>;  // as many 16-bit lanes as DF has floats
+using DH = hn::Rebind<hwy::float16_t, DF>;
+
+// bfloat16 → float: the 16 bits become the top half of the float's.
+void BFloat16ToFloat(const bfloat16* in, float* out, size_t count) {
+  const DF d;
+  const DU32 du32;
+  const DU16 du16;
+  const size_t N = hn::Lanes(d);
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(in);
+  size_t i = 0;
+  for (; i + N <= count; i += N)
+    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, bits + i)))), d, out + i);
+  for (; i < count; ++i) out[i] = to_float(in[i]);
+}
+
+// float → bfloat16, rounded to nearest even as to_bfloat16 does: bits + 0x7fff + (bit 16), then
+// the top half; NaN lanes take their top half with the quiet bit set.
+void FloatToBFloat16(const float* in, bfloat16* out, size_t count) {
+  const DF d;
+  const DU32 du32;
+  const DU16 du16;
+  const size_t N = hn::Lanes(d);
+  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
+  size_t i = 0;
+  for (; i + N <= count; i += N) {
+    const auto x = hn::LoadU(d, in + i);
+    const auto u = hn::BitCast(du32, x);
+    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))));
+    const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du32, 0x0040u));
+    const auto result = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(x)), quiet_nan, rounded);
+    // Each lane holds 16 bits now: the signed-to-unsigned demotion (saturating) keeps them as they are.
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<DU32>(), result)), du16, bits + i);
+  }
+  for (; i < count; ++i) out[i] = to_bfloat16(in[i]);
+}
+
+// float16 in SIMD only where the hardware converts (F16C's vcvtph2ps/vcvtps2ph, on the AVX2 and
+// AVX-512 targets): the other targets' PromoteTo/DemoteTo in Highway 1.0 are emulations that
+// get infinities wrong (0x7c00 → 65536) and truncate instead of rounding, so they take the
+// scalar path (the compiler's _Float16).
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3_ZEN4
+#define MHA_HALF_F16C 1
+#else
+#define MHA_HALF_F16C 0
+#endif
+
+void Float16ToFloat(const float16* in, float* out, size_t count) {
+  size_t i = 0;
+#if MHA_HALF_F16C
+  const DF d;
+  const DH dh;
+  const size_t N = hn::Lanes(d);
+  const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(in);
+  for (; i + N <= count; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, h + i)), d, out + i);
+#endif
+  for (; i < count; ++i) out[i] = to_float(in[i]);
+}
+
+void FloatToFloat16(const float* in, float16* out, size_t count) {
+  size_t i = 0;
+#if MHA_HALF_F16C
+  const DF d;
+  const DH dh;
+  const size_t N = hn::Lanes(d);
+  hwy::float16_t* h = reinterpret_cast<hwy::float16_t*>(out);
+  for (; i + N <= count; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, in + i)), dh, h + i);
+#endif
+  for (; i < count; ++i) out[i] = to_float16(in[i]);
+}
+
+#undef MHA_HALF_F16C
+
+}  // namespace mha::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mha {
+
+HWY_EXPORT(BFloat16ToFloat);
+HWY_EXPORT(FloatToBFloat16);
+HWY_EXPORT(Float16ToFloat);
+HWY_EXPORT(FloatToFloat16);
+
+void convert(const bfloat16* in, float* out, size_t count) { HWY_DYNAMIC_DISPATCH(BFloat16ToFloat)(in, out, count); }
+void convert(const float* in, bfloat16* out, size_t count) { HWY_DYNAMIC_DISPATCH(FloatToBFloat16)(in, out, count); }
+void convert(const float16* in, float* out, size_t count) { HWY_DYNAMIC_DISPATCH(Float16ToFloat)(in, out, count); }
+void convert(const float* in, float16* out, size_t count) { HWY_DYNAMIC_DISPATCH(FloatToFloat16)(in, out, count); }
+
+}  // namespace mha
+#endif  // HWY_ONCE

@@ -1,0 +1,301 @@
+// The decode backend against the reference, under the FlashAttention rule (as cpu_flash_test):
+// on the same float inputs, with ref64 the reference in double and ref32 the reference in float,
+//   max|decode − ref64| <= 2·max|ref32 − ref64| + 1e-6
+// for the output and the logsumexp. The sweep covers 1 to 16 query rows against key lengths
+// that end inside, at and past chunk boundaries, every mask kind, both causal alignments, GQA
+// and MQA, dropout and scales; then bfloat16/float16 keys and values, fully masked and NaN rows,
+// the automatic choice, bitwise determinism across thread counts, bad input and every SIMD target.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "../support/assertions.h"
+#include "../support/attention_cases.h"
+#include "mha/attention/attention.h"
+#include "mha/core/half.h"
+#include "mha/core/simd.h"
+
+namespace mha::attention {
+namespace {
+
+using mha::testing::expect_error;
+using namespace test_cases;
+
+template <class T>
+Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::optional<Tensor<T>>& additive) {
+  if (in.additive) additive = mha::cast<T>(*in.additive);
+  Options<T> opt;
+  if (in.attend) opt.attend_mask = *in.attend;
+  if (additive) opt.additive_mask = *additive;
+  opt.causal = c.causal;
+  opt.scale = c.scale;
+  opt.dropout_p = c.dropout;
+  opt.dropout_seed = 1234;
+  opt.backend = backend;
+  return opt;
+}
+
+template <class T>
+ForwardResult<T> forward(const Case& c, const Inputs& in, Backend backend) {
+  std::optional<Tensor<T>> additive;
+  const Options<T> opt = options_of<T>(c, in, backend, additive);
+  return sdpa_forward(mha::cast<T>(in.q), mha::cast<T>(in.k), mha::cast<T>(in.v), opt);
+}
+
+double worst_fraction = 0;
+
+template <class F>
+void expect_flash_rule(const Tensor<F>& got, const Tensor<F>& ref32, const Tensor<double>& ref64,
+                       const std::string& what) {
+  ASSERT_EQ(got.shape(), ref64.shape()) << what;
+  const double error = max_diff(got, ref64), ref_error = max_diff(ref32, ref64);
+  const double allowed = 2 * ref_error + 1e-6;
+  EXPECT_LE(error, allowed) << what << ": decode error " << error << ", float reference error " << ref_error;
+  worst_fraction = std::max(worst_fraction, error / allowed);
+}
+
+void check_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.describe());
+  const Inputs in = make_inputs(c, seed);
+  const ForwardResult<float> decoded = forward<float>(c, in, Backend::decode);
+  const ForwardResult<float> ref32 = forward<float>(c, in, Backend::reference);
+  const ForwardResult<double> ref64 = forward<double>(c, in, Backend::reference);
+  expect_flash_rule(decoded.output, ref32.output, ref64.output, "output");
+  expect_flash_rule(decoded.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
+}
+
+// Query lengths 1..16 against key lengths around the chunk sizes (256 keys for up to 7 rows per
+// kv head, more for more rows), head sizes whole and ragged against the vector width.
+TEST(Decode, MatchesReferenceOverTheSweep) {
+  const int64_t query_lengths[] = {1, 2, 5, 16};
+  const int64_t key_lengths[] = {1, 7, 97, 256, 257, 1025, 4099};
+  struct Dims {
+    int64_t qk, v;
+  };
+  const Dims dims[] = {{8, 8}, {59, 59}, {64, 64}, {128, 128}, {64, 32}, {24, 59}};
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {6, 1}, {1, 1}, {32, 8}};
+  int case_number = 0;
+  for (const Dims& d : dims) {
+    for (int64_t L : query_lengths) {
+      for (int64_t S : key_lengths) {
+        Case c;
+        c.q_len = L;
+        c.k_len = S;
+        c.qk_dim = d.qk;
+        c.v_dim = d.v;
+        c.batch = 1 + case_number % 2;
+        std::tie(c.q_heads, c.kv_heads) = heads[case_number % 5];
+        c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
+        c.causal = static_cast<Causal>(case_number % 3);
+        if (case_number % 5 == 2) c.dropout = 0.2;
+        if (case_number % 7 == 3) c.scale = 0.3;
+        if (case_number % 7 == 6) c.scale = -0.5;
+        check_case(c, 3000 + static_cast<uint64_t>(case_number));
+        ++case_number;
+      }
+    }
+  }
+  std::cout << "[decode] sweep of " << case_number << " cases: largest fraction of the allowed error "
+            << worst_fraction << "\n";
+}
+
+// Many rows per kv head (MQA, 32 heads × 16 queries = 512 rows: row blocks of 64 and chunks of
+// 4096 keys), and long caches with 1 row (many chunks of 256).
+TEST(Decode, MatchesReferenceWithManyRowsAndLongCaches) {
+  Case c;
+  c.q_heads = 32;
+  c.kv_heads = 1;
+  c.q_len = 16;
+  c.k_len = 5000;
+  c.qk_dim = c.v_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.mask = MaskKind::bool_padding;
+  check_case(c, 61);
+  c.q_heads = 4;
+  c.kv_heads = 4;
+  c.q_len = 1;
+  c.k_len = 20000;
+  c.mask = MaskKind::additive_heads;
+  c.dropout = 0.1;
+  check_case(c, 62);
+}
+
+// L > S bottom-right: the first queries see no key (output 0, logsumexp −inf, no NaN); a NaN
+// score reaches its row only.
+TEST(Decode, FullyMaskedAndNaNRows) {
+  Case c;
+  c.q_len = 12;
+  c.k_len = 5;
+  c.qk_dim = c.v_dim = 16;
+  c.causal = Causal::bottom_right;
+  check_case(c, 71);
+  const Inputs in = make_inputs(c, 71);
+  const ForwardResult<float> r = forward<float>(c, in, Backend::decode);
+  for (int64_t h = 0; h < c.q_heads; ++h) {
+    for (int64_t i = 0; i < c.q_len - c.k_len; ++i) {
+      const int64_t row = h * c.q_len + i;
+      EXPECT_EQ(r.logsumexp[row], -INFINITY) << "row " << i;
+      for (int64_t e = 0; e < c.v_dim; ++e) EXPECT_EQ(r.output[row * c.v_dim + e], 0.0f);
+    }
+  }
+  Tensor<float> q({1, 1, 2, 2}, {std::nanf(""), 1.0f, 0.5f, 0.5f}), k({1, 1, 300, 2}, 0.25f), v({1, 1, 300, 1}, 1.0f);
+  Options<float> opt;
+  opt.backend = Backend::decode;
+  const auto nan_row = sdpa_forward(q, k, v, opt);
+  EXPECT_TRUE(std::isnan(nan_row.output[0]));
+  EXPECT_TRUE(std::isnan(nan_row.logsumexp[0]));
+  EXPECT_NEAR(nan_row.output[1], 1.0f, 1e-6f);
+}
+
+bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
+}
+
+// automatic sends float calls of at most 16 query rows without weights to decode, others to
+// cpu_flash; the backward of a decode call is cpu_flash's.
+TEST(Decode, AutomaticChoosesDecodeForFewQueryRows) {
+  Case c;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.k_len = 700;
+  c.qk_dim = c.v_dim = 32;
+  for (int64_t L : {1, 16, 17}) {
+    c.q_len = L;
+    const Inputs in = make_inputs(c, 81);
+    const Backend expected = L <= 16 ? Backend::decode : Backend::cpu_flash;
+    EXPECT_TRUE(bitwise_equal(forward<float>(c, in, Backend::automatic).output, forward<float>(c, in, expected).output))
+        << "L " << L;
+  }
+  const Inputs in = make_inputs(c, 82);
+  Options<float> opt;
+  opt.backend = Backend::decode;
+  const auto fwd = sdpa_forward(in.q, in.k, in.v, opt);
+  const auto from_decode = sdpa_backward(in.q, in.k, in.v, fwd.output, fwd.logsumexp, in.dout, opt);
+  opt.backend = Backend::cpu_flash;
+  const auto from_flash = sdpa_backward(in.q, in.k, in.v, fwd.output, fwd.logsumexp, in.dout, opt);
+  EXPECT_TRUE(bitwise_equal(from_decode.grad_query, from_flash.grad_query));
+  EXPECT_TRUE(bitwise_equal(from_decode.grad_key, from_flash.grad_key));
+}
+
+// Chunk boundaries depend on the shape only: 1 and 2 threads give the same bits, with one row,
+// a GQA group of 4 rows, and 64 rows per kv head.
+TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
+  Case c;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.k_len = 5000;
+  c.qk_dim = c.v_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.mask = MaskKind::additive_2d;
+  c.dropout = 0.1;
+  for (int64_t L : {1, 16}) {
+    c.q_len = L;
+    SCOPED_TRACE(c.describe());
+    const Inputs in = make_inputs(c, 91);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const ForwardResult<float> one = forward<float>(c, in, Backend::decode);
+    omp_set_num_threads(2);
+    const ForwardResult<float> two = forward<float>(c, in, Backend::decode);
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(bitwise_equal(one.output, two.output));
+    EXPECT_EQ(std::memcmp(one.logsumexp.data(), two.logsumexp.data(), sizeof(double) * static_cast<size_t>(one.logsumexp.numel())), 0);
+  }
+}
+
+// Keys and values stored in bfloat16 or float16: decode converts blocks as it reads them and
+// computes in float. The check: the reference in double and in float on the same (rounded) keys
+// and values, under the FlashAttention rule; the reference and cpu_flash backends on half
+// storage are the float calls on the converted values, bit for bit.
+template <class Kv>
+void check_half_storage(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(std::string(storage_name<Kv>()) + " " + c.describe());
+  Inputs in = make_inputs(c, seed);
+  Tensor<Kv> k(in.k.shape()), v(in.v.shape());
+  convert(in.k.data(), k.data(), static_cast<size_t>(in.k.numel()));
+  convert(in.v.data(), v.data(), static_cast<size_t>(in.v.numel()));
+  convert(k.data(), in.k.data(), static_cast<size_t>(in.k.numel()));  // the values the half storage holds
+  convert(v.data(), in.v.data(), static_cast<size_t>(in.v.numel()));
+  for (Backend backend : {Backend::decode, Backend::reference, Backend::cpu_flash}) {
+    std::optional<Tensor<float>> additive;
+    const Options<float> opt = options_of<float>(c, in, backend, additive);
+    Tensor<float> out({c.batch, c.q_heads, c.q_len, c.v_dim});
+    Tensor<double> lse({c.batch, c.q_heads, c.q_len});
+    sdpa_forward_into(in.q, k, v, {out, lse, {}}, opt);
+    const ForwardResult<float> on_float = forward<float>(c, in, backend);
+    if (backend == Backend::decode) {
+      expect_flash_rule(out, forward<float>(c, in, Backend::reference).output,
+                        forward<double>(c, in, Backend::reference).output, "output");
+      EXPECT_TRUE(bitwise_equal(out, on_float.output)) << "decode: half storage differs from its float values";
+    } else {
+      EXPECT_TRUE(bitwise_equal(out, on_float.output)) << "backend " << static_cast<int>(backend);
+    }
+  }
+}
+
+TEST(Decode, HalfPrecisionKeysAndValues) {
+  Case c;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.k_len = 1000;
+  c.qk_dim = c.v_dim = 64;
+  c.causal = Causal::bottom_right;
+  for (int64_t L : {1, 4}) {
+    c.q_len = L;
+    check_half_storage<bfloat16>(c, 101);
+    check_half_storage<float16>(c, 102);
+  }
+  c.qk_dim = 59;  // ragged rows, a mask, dropout
+  c.v_dim = 24;
+  c.mask = MaskKind::both;
+  c.dropout = 0.2;
+  check_half_storage<bfloat16>(c, 103);
+  check_half_storage<float16>(c, 104);
+}
+
+TEST(Decode, RejectsWhatItCannotDo) {
+  Tensor<float> q({1, 1, 1, 4}), k({1, 1, 3, 4}), v({1, 1, 3, 4});
+  Options<float> opt;
+  opt.backend = Backend::decode;
+  opt.need_weights = true;
+  expect_error([&] { sdpa_forward(q, k, v, opt); }, "decode does not return the weights");
+  Options<double> dopt;
+  dopt.backend = Backend::decode;
+  expect_error([&] { sdpa_forward(mha::cast<double>(q), mha::cast<double>(k), mha::cast<double>(v), dopt); },
+               "decode supports float32 only");
+  Tensor<bfloat16> hk({1, 1, 3, 5}), hv({1, 1, 3, 4});
+  Tensor<float> out({1, 1, 1, 4});
+  Tensor<double> lse({1, 1, 1});
+  expect_error([&] { sdpa_forward_into(q, hk, hv, {out, lse, {}}); }, "key: expected head size 4");
+}
+
+// Every SIMD target compiled in and supported here runs a few cases (whole and ragged rows, half
+// storage), so a machine without AVX-512 runs the code it will really use.
+TEST(Decode, EveryCompiledTargetMatchesReference) {
+  for (const std::string& target : simd_targets()) {
+    SCOPED_TRACE("target " + target);
+    const ScopedSimdTarget pin(target);
+    Case c;
+    c.q_heads = 8;
+    c.kv_heads = 2;
+    c.q_len = 3;
+    c.k_len = 600;
+    c.qk_dim = 64;
+    c.v_dim = 59;
+    c.mask = MaskKind::both;
+    c.causal = Causal::top_left;
+    check_case(c, 111);
+    c.causal = Causal::bottom_right;
+    c.qk_dim = c.v_dim = 128;
+    check_half_storage<bfloat16>(c, 112);
+    check_half_storage<float16>(c, 113);
+  }
+}
+
+}  // namespace
+}  // namespace mha::attention
