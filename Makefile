@@ -13,7 +13,9 @@
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
 #               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py),
 #               then sentence embeddings beside sentence-transformers and ONNX Runtime
-#               (scripts/bench/bench_embed.py); installs the peers (install_python_deps.sh --bench)
+#               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
+#               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py);
+#               installs the peers (install_python_deps.sh --bench)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -83,13 +85,14 @@ demo: deps model build python-package
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
-# sentence embeddings (bench_embed.py). The peers are installed into .venv first.
+# sentence embeddings (bench_embed.py), and decode against a KV cache (bench_decode.py). The peers are installed into .venv first.
 bench: TARGETS = mha_cli
 bench: deps model build python-package
 	./scripts/install_python_deps.sh --bench
 	$(PYTHON) scripts/bench/bench.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
+	$(PYTHON) scripts/bench/bench_decode.py $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

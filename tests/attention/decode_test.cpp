@@ -14,10 +14,14 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+
 #include "../support/assertions.h"
+#include "../support/golden.h"
 #include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
 #include "mha/core/half.h"
+#include "mha/core/safetensors.h"
 #include "mha/core/simd.h"
 
 namespace mha::attention {
@@ -256,6 +260,50 @@ TEST(Decode, HalfPrecisionKeysAndValues) {
   c.dropout = 0.2;
   check_half_storage<bfloat16>(c, 103);
   check_half_storage<float16>(c, 104);
+}
+
+// The accuracy bar of a half-precision cache is PyTorch's own: on the same bfloat16/float16
+// query, keys and values (tests/goldens/decode, scripts/goldens/make_decode_goldens.py), mha's
+// error against float64 is at most 2× that of PyTorch's SDPA (which returns the half type), and
+// within the FlashAttention rule against PyTorch's SDPA on the same values in float32.
+template <class Kv>
+double half_golden_ratio(const safetensors::MappedFile& file, const std::string& name) {
+  const Tensor<float> q = file.to_tensor<float>("query"), k32 = file.to_tensor<float>("key"),
+                      v32 = file.to_tensor<float>("value");
+  Tensor<Kv> k(k32.shape()), v(v32.shape());
+  convert(k32.data(), k.data(), static_cast<size_t>(k.numel()));  // exact: the values are Kv's
+  convert(v32.data(), v.data(), static_cast<size_t>(v.numel()));
+  Options<float> opt;
+  opt.causal = file.metadata().at("causal") == "bottom_right" ? Causal::bottom_right : Causal::none;
+  const Tensor<double> ref = file.to_tensor<double>("output_f64"), torch_out = file.to_tensor<double>("torch_output"),
+                       torch_f32 = file.to_tensor<double>("torch_output_f32");
+  Tensor<float> out(ref.shape());
+  Tensor<double> lse({ref.size(0), ref.size(1), ref.size(2)});
+  sdpa_forward_into(q, k, v, {out, lse, {}}, opt);
+  const double ours = max_diff(out, ref), torch_error = max_diff(torch_out, ref);
+  EXPECT_LE(ours, 2 * torch_error) << name << ": mha error " << ours << ", PyTorch's " << torch_error;
+  // And the FlashAttention rule against PyTorch computing on the same values in float32.
+  const double torch_f32_error = max_diff(torch_f32, ref);
+  EXPECT_LE(ours, 2 * torch_f32_error + 1e-6) << name << ": mha error " << ours << ", PyTorch float32's " << torch_f32_error;
+  std::cout << "[decode golden] " << name << ": mha error " << ours << ", PyTorch SDPA's " << torch_error
+            << " (in the half type), " << torch_f32_error << " (in float32)\n";
+  return ours / torch_error;
+}
+
+TEST(Decode, HalfPrecisionWithinPyTorchsOwnError) {
+  int cases = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(mha::testing::goldens_dir() + "/decode")) {
+    const safetensors::MappedFile file(entry.path().string());
+    const std::string name = entry.path().stem().string(), dtype = file.metadata().at("dtype");
+    ASSERT_TRUE(dtype == "bfloat16" || dtype == "float16") << name;
+    if (dtype == "bfloat16") {
+      half_golden_ratio<bfloat16>(file, name);
+    } else {
+      half_golden_ratio<float16>(file, name);
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 5);
 }
 
 TEST(Decode, RejectsWhatItCannotDo) {
