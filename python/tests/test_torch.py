@@ -71,6 +71,8 @@ CASES = {
     "rank3": ((3, 5, 8), (3, 6, 8), (3, 6, 8), ((5, 6), "bool"), {}),
     "broadcast_batch": ((4, 5, 8), (2, 4, 6, 8), (2, 4, 6, 8), None, {}),
     "negative_scale": ((1, 2, 5, 8), (1, 2, 5, 8), (1, 2, 5, 8), None, dict(scale=-0.4)),
+    # One query row per head against a long cache: the decode backend (chunks of 256 keys).
+    "decode_one_row_gqa": ((1, 16, 1, 64), (1, 4, 1000, 64), (1, 4, 1000, 64), None, dict(enable_gqa=True)),
 }
 
 

@@ -74,7 +74,11 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
     const View<const float> v(qkv.data() + 2 * E, {N, H, L, hd}, qkv_strides);
     Tensor<float> merged = Tensor<float>::uninitialized({N, L, E});  // heads written merged
     Tensor<double> logsumexp = Tensor<double>::uninitialized({N, H, L});
+    // cpu_flash whatever L: automatic would take decode for batches of at most 16 tokens and
+    // cpu_flash above, which round differently, and a sentence's result must not depend on the
+    // batch it came in (the sentence encoder's promise: any batch size, any thread count).
     attention::Options<float> opt;
+    opt.backend = attention::Backend::cpu_flash;
     Tensor<bool> attend;
     if (key_padding_mask.defined()) {  // the core's polarity: true = may attend; (N, 1, 1, L)
       attend = Tensor<bool>::uninitialized({N, 1, 1, L});
