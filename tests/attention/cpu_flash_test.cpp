@@ -30,18 +30,7 @@ using mha::testing::expect_error;
 
 using namespace test_cases;
 
-// The largest error / allowed error seen, for the report.
-double worst_fraction = 0;
-
-template <class F>
-void expect_flash_rule(const Tensor<F>& flash, const Tensor<F>& ref32, const Tensor<double>& ref64,
-                       const std::string& what) {
-  ASSERT_EQ(flash.shape(), ref64.shape()) << what;
-  const double error = max_diff(flash, ref64), ref_error = max_diff(ref32, ref64);
-  const double allowed = 2 * ref_error + 1e-6;
-  EXPECT_LE(error, allowed) << what << ": cpu_flash error " << error << ", float reference error " << ref_error;
-  worst_fraction = std::max(worst_fraction, error / allowed);
-}
+FlashRule rule{"cpu_flash"};
 
 void check_case(const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.describe());
@@ -49,12 +38,12 @@ void check_case(const Case& c, uint64_t seed) {
   const Results<float> flash = run<float>(c, in, Backend::cpu_flash);
   const Results<float> ref32 = run<float>(c, in, Backend::reference);
   const Results<double> ref64 = run<double>(c, in, Backend::reference);
-  expect_flash_rule(flash.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
-  expect_flash_rule(flash.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
-  expect_flash_rule(flash.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
-  expect_flash_rule(flash.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
-  expect_flash_rule(flash.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
-  if (c.need_weights) expect_flash_rule(*flash.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
+  rule.expect(flash.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
+  rule.expect(flash.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
+  rule.expect(flash.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
+  rule.expect(flash.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
+  rule.expect(flash.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
+  if (c.need_weights) rule.expect(*flash.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
 }
 
 // Every pair (L, S) of lengths with every head size. Masks, causality, GQA, dropout and scale
@@ -75,19 +64,13 @@ TEST(CpuFlash, MatchesReferenceOverTheSweep) {
         c.k_len = lengths[(i + shift) % 5];
         c.qk_dim = d.qk;
         c.v_dim = d.v;
-        c.batch = 1 + case_number % 2;
-        std::tie(c.q_heads, c.kv_heads) = heads[case_number % 4];
-        c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
-        c.causal = static_cast<Causal>(case_number % 3);
-        if (case_number % 5 == 2) c.dropout = 0.2;
-        if (case_number % 7 == 3) c.scale = 0.3;
-        if (case_number % 7 == 6) c.scale = -0.5;
+        vary_options(c, case_number, heads, 4);
         check_case(c, 1000 + static_cast<uint64_t>(case_number));
       }
     }
   }
   std::cout << "[cpu_flash] sweep of " << case_number << " cases: largest fraction of the allowed error "
-            << worst_fraction << "\n";
+            << rule.worst_fraction << "\n";
 }
 
 // Long sequences on both sides at once, with the features that change the tile walk.

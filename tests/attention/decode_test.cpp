@@ -30,47 +30,16 @@ namespace {
 using mha::testing::expect_error;
 using namespace test_cases;
 
-template <class T>
-Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::optional<Tensor<T>>& additive) {
-  if (in.additive) additive = mha::cast<T>(*in.additive);
-  Options<T> opt;
-  if (in.attend) opt.attend_mask = *in.attend;
-  if (additive) opt.additive_mask = *additive;
-  opt.causal = c.causal;
-  opt.scale = c.scale;
-  opt.dropout_p = c.dropout;
-  opt.dropout_seed = 1234;
-  opt.backend = backend;
-  return opt;
-}
-
-template <class T>
-ForwardResult<T> forward(const Case& c, const Inputs& in, Backend backend) {
-  std::optional<Tensor<T>> additive;
-  const Options<T> opt = options_of<T>(c, in, backend, additive);
-  return sdpa_forward(mha::cast<T>(in.q), mha::cast<T>(in.k), mha::cast<T>(in.v), opt);
-}
-
-double worst_fraction = 0;
-
-template <class F>
-void expect_flash_rule(const Tensor<F>& got, const Tensor<F>& ref32, const Tensor<double>& ref64,
-                       const std::string& what) {
-  ASSERT_EQ(got.shape(), ref64.shape()) << what;
-  const double error = max_diff(got, ref64), ref_error = max_diff(ref32, ref64);
-  const double allowed = 2 * ref_error + 1e-6;
-  EXPECT_LE(error, allowed) << what << ": decode error " << error << ", float reference error " << ref_error;
-  worst_fraction = std::max(worst_fraction, error / allowed);
-}
+FlashRule rule{"decode"};
 
 void check_case(const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.describe());
   const Inputs in = make_inputs(c, seed);
-  const ForwardResult<float> decoded = forward<float>(c, in, Backend::decode);
-  const ForwardResult<float> ref32 = forward<float>(c, in, Backend::reference);
-  const ForwardResult<double> ref64 = forward<double>(c, in, Backend::reference);
-  expect_flash_rule(decoded.output, ref32.output, ref64.output, "output");
-  expect_flash_rule(decoded.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
+  const ForwardResult<float> decoded = run_forward<float>(c, in, Backend::decode);
+  const ForwardResult<float> ref32 = run_forward<float>(c, in, Backend::reference);
+  const ForwardResult<double> ref64 = run_forward<double>(c, in, Backend::reference);
+  rule.expect(decoded.output, ref32.output, ref64.output, "output");
+  rule.expect(decoded.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
 }
 
 // Query lengths 1..16 against key lengths around the chunk sizes (256 keys for up to 7 rows per
@@ -92,20 +61,14 @@ TEST(Decode, MatchesReferenceOverTheSweep) {
         c.k_len = S;
         c.qk_dim = d.qk;
         c.v_dim = d.v;
-        c.batch = 1 + case_number % 2;
-        std::tie(c.q_heads, c.kv_heads) = heads[case_number % 5];
-        c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
-        c.causal = static_cast<Causal>(case_number % 3);
-        if (case_number % 5 == 2) c.dropout = 0.2;
-        if (case_number % 7 == 3) c.scale = 0.3;
-        if (case_number % 7 == 6) c.scale = -0.5;
+        vary_options(c, case_number, heads, 5);
         check_case(c, 3000 + static_cast<uint64_t>(case_number));
         ++case_number;
       }
     }
   }
   std::cout << "[decode] sweep of " << case_number << " cases: largest fraction of the allowed error "
-            << worst_fraction << "\n";
+            << rule.worst_fraction << "\n";
 }
 
 // Many rows per kv head (MQA, 32 heads × 16 queries = 512 rows: row blocks of 64 and chunks of
@@ -139,7 +102,7 @@ TEST(Decode, FullyMaskedAndNaNRows) {
   c.causal = Causal::bottom_right;
   check_case(c, 71);
   const Inputs in = make_inputs(c, 71);
-  const ForwardResult<float> r = forward<float>(c, in, Backend::decode);
+  const ForwardResult<float> r = run_forward<float>(c, in, Backend::decode);
   for (int64_t h = 0; h < c.q_heads; ++h) {
     for (int64_t i = 0; i < c.q_len - c.k_len; ++i) {
       const int64_t row = h * c.q_len + i;
@@ -172,7 +135,7 @@ TEST(Decode, AutomaticChoosesDecodeForFewQueryRows) {
     c.q_len = L;
     const Inputs in = make_inputs(c, 81);
     const Backend expected = L <= 16 ? Backend::decode : Backend::cpu_flash;
-    EXPECT_TRUE(bitwise_equal(forward<float>(c, in, Backend::automatic).output, forward<float>(c, in, expected).output))
+    EXPECT_TRUE(bitwise_equal(run_forward<float>(c, in, Backend::automatic).output, run_forward<float>(c, in, expected).output))
         << "L " << L;
   }
   const Inputs in = make_inputs(c, 82);
@@ -203,9 +166,9 @@ TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
     const Inputs in = make_inputs(c, 91);
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    const ForwardResult<float> one = forward<float>(c, in, Backend::decode);
+    const ForwardResult<float> one = run_forward<float>(c, in, Backend::decode);
     omp_set_num_threads(2);
-    const ForwardResult<float> two = forward<float>(c, in, Backend::decode);
+    const ForwardResult<float> two = run_forward<float>(c, in, Backend::decode);
     omp_set_num_threads(threads);
     EXPECT_TRUE(bitwise_equal(one.output, two.output));
     EXPECT_EQ(std::memcmp(one.logsumexp.data(), two.logsumexp.data(), sizeof(double) * static_cast<size_t>(one.logsumexp.numel())), 0);
@@ -216,25 +179,31 @@ TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
 // computes in float. The check: the reference in double and in float on the same (rounded) keys
 // and values, under the FlashAttention rule; the reference and cpu_flash backends on half
 // storage are the float calls on the converted values, bit for bit.
+// A float tensor stored as Kv (rounded), and back.
+template <class To, class From>
+Tensor<To> converted(const Tensor<From>& x) {
+  Tensor<To> out(x.shape());
+  convert(x.data(), out.data(), static_cast<size_t>(x.numel()));
+  return out;
+}
+
 template <class Kv>
 void check_half_storage(const Case& c, uint64_t seed) {
   SCOPED_TRACE(std::string(storage_name<Kv>()) + " " + c.describe());
   Inputs in = make_inputs(c, seed);
-  Tensor<Kv> k(in.k.shape()), v(in.v.shape());
-  convert(in.k.data(), k.data(), static_cast<size_t>(in.k.numel()));
-  convert(in.v.data(), v.data(), static_cast<size_t>(in.v.numel()));
-  convert(k.data(), in.k.data(), static_cast<size_t>(in.k.numel()));  // the values the half storage holds
-  convert(v.data(), in.v.data(), static_cast<size_t>(in.v.numel()));
+  const Tensor<Kv> k = converted<Kv>(in.k), v = converted<Kv>(in.v);
+  in.k = converted<float>(k);  // the values the half storage holds
+  in.v = converted<float>(v);
   for (Backend backend : {Backend::decode, Backend::reference, Backend::cpu_flash}) {
     std::optional<Tensor<float>> additive;
     const Options<float> opt = options_of<float>(c, in, backend, additive);
     Tensor<float> out({c.batch, c.q_heads, c.q_len, c.v_dim});
     Tensor<double> lse({c.batch, c.q_heads, c.q_len});
     sdpa_forward_into(in.q, k, v, {out, lse, {}}, opt);
-    const ForwardResult<float> on_float = forward<float>(c, in, backend);
+    const ForwardResult<float> on_float = run_forward<float>(c, in, backend);
     if (backend == Backend::decode) {
-      expect_flash_rule(out, forward<float>(c, in, Backend::reference).output,
-                        forward<double>(c, in, Backend::reference).output, "output");
+      rule.expect(out, run_forward<float>(c, in, Backend::reference).output,
+                        run_forward<double>(c, in, Backend::reference).output, "output");
       EXPECT_TRUE(bitwise_equal(out, on_float.output)) << "decode: half storage differs from its float values";
     } else {
       EXPECT_TRUE(bitwise_equal(out, on_float.output)) << "backend " << static_cast<int>(backend);
@@ -268,11 +237,9 @@ TEST(Decode, HalfPrecisionKeysAndValues) {
 // within the FlashAttention rule against PyTorch's SDPA on the same values in float32.
 template <class Kv>
 double half_golden_ratio(const safetensors::MappedFile& file, const std::string& name) {
-  const Tensor<float> q = file.to_tensor<float>("query"), k32 = file.to_tensor<float>("key"),
-                      v32 = file.to_tensor<float>("value");
-  Tensor<Kv> k(k32.shape()), v(v32.shape());
-  convert(k32.data(), k.data(), static_cast<size_t>(k.numel()));  // exact: the values are Kv's
-  convert(v32.data(), v.data(), static_cast<size_t>(v.numel()));
+  const Tensor<float> q = file.to_tensor<float>("query");
+  // Exact: the values are Kv's.
+  const Tensor<Kv> k = converted<Kv>(file.to_tensor<float>("key")), v = converted<Kv>(file.to_tensor<float>("value"));
   Options<float> opt;
   opt.causal = file.metadata().at("causal") == "bottom_right" ? Causal::bottom_right : Causal::none;
   const Tensor<double> ref = file.to_tensor<double>("output_f64"), torch_out = file.to_tensor<double>("torch_output"),

@@ -2,7 +2,11 @@
 // The random attention problems the backend tests share (cpu_flash_test, decode_test): a case's
 // shapes and options, its inputs (normal values, masks of every kind and broadcast shape), a run
 // on one backend, and the error measure of the FlashAttention rule.
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <limits>
 #include <optional>
 #include <string>
@@ -99,10 +103,9 @@ struct Results {
   Gradients<T> grads;
 };
 
+// The case's options on `backend`; `additive` keeps the mask in T alive for the call.
 template <class T>
-Results<T> run(const Case& c, const Inputs& in, Backend backend) {
-  const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
-  std::optional<Tensor<T>> additive;
+Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::optional<Tensor<T>>& additive) {
   if (in.additive) additive = mha::cast<T>(*in.additive);
   Options<T> opt;
   if (in.attend) opt.attend_mask = *in.attend;
@@ -113,9 +116,36 @@ Results<T> run(const Case& c, const Inputs& in, Backend backend) {
   opt.dropout_seed = 1234;
   opt.need_weights = c.need_weights;
   opt.backend = backend;
+  return opt;
+}
+
+template <class T>
+ForwardResult<T> run_forward(const Case& c, const Inputs& in, Backend backend) {
+  std::optional<Tensor<T>> additive;
+  const Options<T> opt = options_of<T>(c, in, backend, additive);
+  return sdpa_forward(mha::cast<T>(in.q), mha::cast<T>(in.k), mha::cast<T>(in.v), opt);
+}
+
+template <class T>
+Results<T> run(const Case& c, const Inputs& in, Backend backend) {
+  const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
+  std::optional<Tensor<T>> additive;
+  const Options<T> opt = options_of<T>(c, in, backend, additive);
   ForwardResult<T> fwd = sdpa_forward(q, k, v, opt);
   Gradients<T> grads = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, dout, opt);
   return {std::move(fwd), std::move(grads)};
+}
+
+// The sweeps' variety: masks, causality, GQA heads, dropout and scale cycle with the case number,
+// so that each appears with short, ragged and long sequences.
+inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int64_t>* heads, int head_choices) {
+  c.batch = 1 + case_number % 2;
+  std::tie(c.q_heads, c.kv_heads) = heads[case_number % head_choices];
+  c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
+  c.causal = static_cast<Causal>(case_number % 3);
+  if (case_number % 5 == 2) c.dropout = 0.2;
+  if (case_number % 7 == 3) c.scale = 0.3;
+  if (case_number % 7 == 6) c.scale = -0.5;
 }
 
 // max |a − b| where equal infinities and NaN against NaN count as 0 and a NaN on one side only
@@ -131,5 +161,23 @@ double max_diff(const Tensor<A>& a, const Tensor<B>& b) {
   }
   return worst;
 }
+
+// FlashAttention's rule for a fast backend: on the same float inputs, its error against the
+// reference in double is at most twice the float reference's, + 1e-6. Keeps the largest
+// error / allowed seen, for the report.
+struct FlashRule {
+  const char* backend;
+  double worst_fraction = 0;
+
+  template <class F>
+  void expect(const Tensor<F>& got, const Tensor<F>& ref32, const Tensor<double>& ref64, const std::string& what) {
+    ASSERT_EQ(got.shape(), ref64.shape()) << what;
+    const double error = max_diff(got, ref64), ref_error = max_diff(ref32, ref64);
+    const double allowed = 2 * ref_error + 1e-6;
+    EXPECT_LE(error, allowed) << what << ": " << backend << " error " << error << ", float reference error "
+                              << ref_error;
+    worst_fraction = std::max(worst_fraction, error / allowed);
+  }
+};
 
 }  // namespace mha::attention::test_cases
