@@ -4,6 +4,7 @@
 #define HWY_TARGET_INCLUDE "core/half.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "mha/core/half-inl.h"
 #include "mha/core/half.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -15,18 +16,17 @@ using DU32 = hn::RebindToUnsigned<DF>;
 using DU16 = hn::Rebind<uint16_t, DF>;  // as many 16-bit lanes as DF has floats
 using DH = hn::Rebind<hwy::float16_t, DF>;
 
-// bfloat16 → float: the 16 bits become the top half of the float's.
-void BFloat16ToFloat(const bfloat16* in, float* out, size_t count) {
+// bfloat16/float16 → float, LoadAsFloat's vectors (mha/core/half-inl.h), the scalar tail.
+template <class Half>
+void HalfToFloat(const Half* in, float* out, size_t count) {
   const DF d;
-  const DU32 du32;
-  const DU16 du16;
   const size_t N = hn::Lanes(d);
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(in);
   size_t i = 0;
-  for (; i + N <= count; i += N)
-    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, bits + i)))), d, out + i);
+  for (; i + N <= count; i += N) hn::StoreU(LoadAsFloat(d, in + i), d, out + i);
   for (; i < count; ++i) out[i] = to_float(in[i]);
 }
+void BFloat16ToFloat(const bfloat16* in, float* out, size_t count) { HalfToFloat(in, out, count); }
+void Float16ToFloat(const float16* in, float* out, size_t count) { HalfToFloat(in, out, count); }
 
 // float → bfloat16, rounded to nearest even as to_bfloat16 does: bits + 0x7fff + (bit 16), then
 // the top half; NaN lanes take their top half with the quiet bit set.
@@ -50,41 +50,19 @@ void FloatToBFloat16(const float* in, bfloat16* out, size_t count) {
   for (; i < count; ++i) out[i] = to_bfloat16(in[i]);
 }
 
-// float16 in SIMD only where the hardware converts (F16C's vcvtph2ps/vcvtps2ph, on the AVX2 and
-// AVX-512 targets): the other targets' PromoteTo/DemoteTo in Highway 1.0 are emulations that
-// get infinities wrong (0x7c00 → 65536) and truncate instead of rounding, so they take the
-// scalar path (the compiler's _Float16).
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3_ZEN4
-#define MHA_HALF_F16C 1
-#else
-#define MHA_HALF_F16C 0
-#endif
-
-void Float16ToFloat(const float16* in, float* out, size_t count) {
-  size_t i = 0;
-#if MHA_HALF_F16C
-  const DF d;
-  const DH dh;
-  const size_t N = hn::Lanes(d);
-  const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(in);
-  for (; i + N <= count; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, h + i)), d, out + i);
-#endif
-  for (; i < count; ++i) out[i] = to_float(in[i]);
-}
-
+// float → float16 in SIMD only where the hardware converts (F16C's vcvtps2ph rounds to nearest
+// even, as _Float16 does); the emulated DemoteTo of the other targets truncates.
 void FloatToFloat16(const float* in, float16* out, size_t count) {
   size_t i = 0;
-#if MHA_HALF_F16C
-  const DF d;
-  const DH dh;
-  const size_t N = hn::Lanes(d);
-  hwy::float16_t* h = reinterpret_cast<hwy::float16_t*>(out);
-  for (; i + N <= count; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, in + i)), dh, h + i);
-#endif
+  if constexpr (kHardwareFloat16) {
+    const DF d;
+    const DH dh;
+    const size_t N = hn::Lanes(d);
+    hwy::float16_t* h = reinterpret_cast<hwy::float16_t*>(out);
+    for (; i + N <= count; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, in + i)), dh, h + i);
+  }
   for (; i < count; ++i) out[i] = to_float16(in[i]);
 }
-
-#undef MHA_HALF_F16C
 
 }  // namespace mha::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

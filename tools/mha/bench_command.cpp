@@ -211,17 +211,24 @@ void run_bench(const BenchArgs& args) {
 // (as each layer of a model reads its own), enough copies to fill 512 MiB, so that the last
 // level cache does not hold the cache between steps.
 
-// GB/s of a parallel sum over 1 GiB (on every thread, the way the decode kernel reads).
+// GB/s of a parallel sum over 1 GiB (on every thread, the way the decode kernel reads): blocks of
+// 32 KiB, each summed into 8 independent accumulators so that the adds never wait on each other
+// (one running sum read 25% less on a 2-core Zen 3: a dependency chain, not the memory).
 double read_bandwidth_gbs(int repeats) {
-  const int64_t n = int64_t{1} << 27;  // 128 Mi uint64 = 1 GiB
+  const int64_t n = int64_t{1} << 27, block = 4096;  // 128 Mi uint64 = 1 GiB
   std::unique_ptr<uint64_t[]> data(new uint64_t[n]);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) data[i] = static_cast<uint64_t>(i);
   uint64_t total = 0;
   const double t = median_seconds([&] {
     uint64_t sum = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += data[i];
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t b = 0; b < n; b += block) {
+      uint64_t acc[8] = {};
+      for (int64_t i = b; i < b + block; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += data[i + j];
+      for (uint64_t a : acc) sum += a;
+    }
     total += sum;
   }, repeats);
   if (total == 42) std::printf(" ");  // keep the sum alive

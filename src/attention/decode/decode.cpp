@@ -24,17 +24,24 @@ constexpr size_t kBlockKeys = 256;
 // Rows per block: the score tile's height.
 constexpr size_t kBlockRows = 64;
 
-// Keys per chunk (one task): kBlockKeys for up to 4 rows, growing with the rows up to 16 blocks,
-// so that the partials a chunk leaves (R rows × Dv) stay about 1/128 of the keys and values it
-// read, and a long cache still gives many tasks. A function of the shape only (not the threads).
+// Keys per chunk (one task): 4 blocks for up to 16 rows, growing with the rows up to 16 blocks, so
+// that a task streams a long run of the cache (its prefetches run ahead within it) and the
+// partials it leaves (R rows × Dv) stay at most about 1/128 of the keys and values it read, while
+// a long cache still gives many tasks. A function of the shape only (not the threads).
 int64_t chunk_keys(size_t rows) {
-  return static_cast<int64_t>(kBlockKeys * std::clamp<size_t>(rows / 4, 1, 16));
+  return static_cast<int64_t>(4 * kBlockKeys * std::clamp<size_t>(rows / 16, 1, 4));
 }
 
 }  // namespace
 
 template <class Kv>
 void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float, Kv>& a) {
+  // A block of keys or values as the kernels read it: the cache's rows, or a staged float copy.
+  struct Operand {
+    const Kv* rows;
+    const float* staged;
+    size_t stride;
+  };
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len;
@@ -42,10 +49,9 @@ void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardAr
   const size_t R = to_size(G * L);  // rows of a (b, kv head): row r is query head kv·G + r / L, query r % L
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
   const size_t N = decode::lanes();
-  // Rows are read in place when they are float and whole vectors; otherwise each block is first
-  // converted (or copied) into a zero-padded buffer.
-  const bool stage_k = !std::is_same_v<Kv, float> || Dqk % N != 0;
-  const bool stage_v = !std::is_same_v<Kv, float> || Dv % N != 0;
+  // Rows are read in place (and converted to float as they are loaded) when they are whole
+  // vectors; otherwise each block is first converted into a zero-padded float buffer.
+  const bool stage_k = Dqk % N != 0, stage_v = Dv % N != 0;
   const size_t dq = round_up(std::max<size_t>(Dqk, 1), N), dv = round_up(std::max<size_t>(Dv, 1), N);
 
   // The keys some row can see: all, or up to the last query's causal limit.
@@ -88,27 +94,24 @@ void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardAr
       const int64_t j_end = std::min(keys, (task % chunks + 1) * chunk);
       for (int64_t j0 = (task % chunks) * chunk; j0 < j_end; j0 += static_cast<int64_t>(Bc)) {
         const size_t cols = std::min<size_t>(Bc, to_size(j_end - j0));
-        const float* k = nullptr;
-        const float* v = nullptr;
-        size_t k_stride = dq, v_stride = dv;
-        if (stage_k) {
-          for (size_t c = 0; c < cols; ++c) convert(a.key.row(b, kv, j0 + static_cast<int64_t>(c)), k_block.data() + c * dq, Dqk);
-          k = k_block.data();
-        } else {
-          k = reinterpret_cast<const float*>(a.key.row(b, kv, j0));
-          k_stride = to_size(a.key.stride_row);
-        }
-        if (stage_v) {
-          for (size_t c = 0; c < cols; ++c) convert(a.value.row(b, kv, j0 + static_cast<int64_t>(c)), v_block.data() + c * dv, Dv);
-          v = v_block.data();
-        } else {
-          v = reinterpret_cast<const float*>(a.value.row(b, kv, j0));
-          v_stride = to_size(a.value.stride_row);
-        }
+        // Each operand: its rows in place, or the staged copy (float, zero-padded to whole vectors).
+        auto operand = [&](const Rows<const Kv>& rows, bool staged, Buffer<float>& block, size_t D, size_t padded) {
+          if (staged)
+            for (size_t c = 0; c < cols; ++c)
+              convert(rows.row(b, kv, j0 + static_cast<int64_t>(c)), block.data() + c * padded, D);
+          return staged ? Operand{nullptr, block.data(), padded} : Operand{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
+        };
+        const Operand k = operand(a.key, stage_k, k_block, Dqk, dq), v = operand(a.value, stage_v, v_block, Dv, dv);
 
         for (size_t r0 = 0; r0 < R; r0 += Rb) {
           const size_t rows = std::min(Rb, R - r0);
-          decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k, k_stride, cols, dq, scores.data(), Bc);
+          if (k.staged) {
+            decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.staged, k.stride, cols, dq, scores.data(), Bc);
+          } else {  // the first row block prefetches the task's next keys, and these keys' values
+            const bool prefetch_v = r0 == 0 && v.rows && dq == dv;
+            decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.rows, k.stride, cols, dq, scores.data(), Bc,
+                              r0 == 0 ? to_size(j_end - j0) : 0, prefetch_v ? v.rows : nullptr, v.stride);
+          }
           cpu_flash::ScoreTile t{scores.data(), Bc, rows, cols};
           // The additions, row by row (consecutive rows may belong to different query heads).
           for (size_t r = 0; r < rows; ++r) {
@@ -121,7 +124,11 @@ void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardAr
           if (causal) t.visible = visible.data();
           if (dropout) t.dropout = factors.data();
           cpu_flash::online_softmax_tile(t, m + r0, l + r0, o + r0 * dv, dv, Dv);
-          decode::pv_accumulate(scores.data(), Bc, rows, v, v_stride, cols, dv, o + r0 * dv, dv);
+          if (v.staged) {
+            decode::pv_accumulate(scores.data(), Bc, rows, v.staged, v.stride, cols, dv, o + r0 * dv, dv);
+          } else {
+            decode::pv_accumulate(scores.data(), Bc, rows, v.rows, v.stride, cols, dv, o + r0 * dv, dv);
+          }
         }
       }
     }

@@ -4,9 +4,12 @@
 // through Highway's dynamic dispatch to the best target this CPU supports (mha/core/simd.h pins
 // it); kernels.cpp holds the per-target code.
 //
-// Both take `dim` a multiple of lanes() (decode.cpp pads rows that are not); rows of q, k, v and
-// out are `dim` floats at their own strides.
+// Both take `dim` a multiple of lanes() (decode.cpp pads rows that are not); rows of q and out are
+// `dim` floats, rows of k and v `dim` numbers of Kv (float, bfloat16 or float16, converted to
+// float as they are loaded: mha/core/half-inl.h), each at its own stride.
 #include <cstddef>
+
+#include "mha/core/half.h"
 
 namespace mha::attention::detail::decode {
 
@@ -14,14 +17,20 @@ namespace mha::attention::detail::decode {
 size_t lanes();
 
 // scores[r·score_stride + c] = Σ_e q[r·q_stride + e] · k[c·k_stride + e]   (r < rows, c < cols)
-// One multiply-add chain per (row, key), summed across lanes at the end: the keys are read in
-// blocks of 4, each from memory once for all the rows.
-void qk_scores(const float* q, size_t q_stride, size_t rows, const float* k, size_t k_stride, size_t cols, size_t dim,
-               float* scores, size_t score_stride);
+// One multiply-add chain per (row, key), summed across lanes at the end: rows in groups of 4,
+// keys in blocks of 2 (AVX2) or 4 (AVX-512), each key row loaded once for the group.
+// Prefetching (into L2), as the keys go by: the keys up to `ahead_limit` (counted from k; 0: none)
+// a fixed distance ahead, and `next` (may be null): rows of the same count and size the caller
+// reads next (these keys' values), so that they arrive while the scores are computed.
+template <class Kv>
+void qk_scores(const float* q, size_t q_stride, size_t rows, const Kv* k, size_t k_stride, size_t cols, size_t dim,
+               float* scores, size_t score_stride, size_t ahead_limit = 0, const Kv* next = nullptr,
+               size_t next_stride = 0);
 
 // out[r·out_stride + e] += Σ_c p[r·p_stride + c] · v[c·v_stride + e]   (r < rows, e < dim)
-// Blocks of 4 rows × up to 4 vectors of columns stay in registers while the keys stream by.
-void pv_accumulate(const float* p, size_t p_stride, size_t rows, const float* v, size_t v_stride, size_t cols,
+// Blocks of 4 rows × up to 4 vectors of columns stay in registers while runs of 16 keys go by.
+template <class Kv>
+void pv_accumulate(const float* p, size_t p_stride, size_t rows, const Kv* v, size_t v_stride, size_t cols,
                    size_t dim, float* out, size_t out_stride);
 
 }  // namespace mha::attention::detail::decode

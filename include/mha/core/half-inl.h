@@ -1,0 +1,63 @@
+// Per-target loads of float, bfloat16 and float16 rows as float vectors, for mha's Highway kernels
+// (the bulk conversions of src/core/half.cpp, the decode backend's products). Include it from a
+// file that Highway re-includes per target (foreach_target.h), after hwy/highway.h.
+//
+//   LoadAsFloat(d, p)  the Lanes(d) numbers at p, as floats, exactly as to_float gives them
+//
+// bfloat16 → float is a 16-bit shift on every target. float16 uses F16C's vcvtph2ps where the
+// target has it (AVX2, AVX-512); elsewhere Highway 1.0's emulated PromoteTo gets infinities wrong
+// (0x7c00 → 65536), so those targets convert lane by lane with the scalar to_float.
+
+// Per-target include guard (Highway's pattern: toggled once per target).
+#if defined(MHA_CORE_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_CORE_HALF_INL_H_
+#undef MHA_CORE_HALF_INL_H_
+#else
+#define MHA_CORE_HALF_INL_H_
+#endif
+
+#include "hwy/highway.h"
+#include "mha/core/half.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::HWY_NAMESPACE {
+
+// Whether this target converts float16 in hardware (F16C), exactly and with rounding to nearest
+// even both ways.
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr bool kHardwareFloat16 = true;
+#else
+constexpr bool kHardwareFloat16 = false;
+#endif
+
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const float* p) {
+  return hwy::HWY_NAMESPACE::LoadU(d, p);
+}
+
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const bfloat16* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto bits = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p));
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, bits)));
+}
+
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const float16* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  if constexpr (kHardwareFloat16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else {
+    HWY_ALIGN float lanes[hn::MaxLanes(DF())];
+    for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = to_float(p[i]);
+    return hn::Load(d, lanes);
+  }
+}
+
+}  // namespace mha::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
