@@ -245,7 +245,7 @@ int run(int64_t new_tokens, int64_t prompt_len, int64_t layers) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Greedy generation with a KV cache, checked against the full recompute at every step."};
-  int64_t tokens = 64, prompt = 16, layers = 2;
+  int64_t tokens = 48, prompt = 16, layers = 2;
   std::string cache = "float32";
   app.add_option("--tokens", tokens, "tokens to generate")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--prompt", prompt, "prompt length")->check(CLI::Range(1, 4096))->capture_default_str();
