@@ -25,7 +25,7 @@ constexpr size_t kBlockKeys = 256;
 constexpr size_t kBlockRows = 64;
 
 // Keys per chunk (one task): 4 blocks for up to 16 rows, growing with the rows up to 16 blocks, so
-// that a task streams a long run of the cache (its prefetches run ahead within it) and the
+// that a task streams a long run of the cache (the hardware prefetcher's stream) and the
 // partials it leaves (R rows × Dv) stay at most about 1/128 of the keys and values it read, while
 // a long cache still gives many tasks. A function of the shape only (not the threads).
 int64_t chunk_keys(size_t rows) {
@@ -107,10 +107,10 @@ void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardAr
           const size_t rows = std::min(Rb, R - r0);
           if (k.staged) {
             decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.staged, k.stride, cols, dq, scores.data(), Bc);
-          } else {  // the first row block prefetches the task's next keys, and these keys' values
+          } else {  // the first row block prefetches these keys' values (read in place, rows as long)
             const bool prefetch_v = r0 == 0 && v.rows && dq == dv;
             decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.rows, k.stride, cols, dq, scores.data(), Bc,
-                              r0 == 0 ? to_size(j_end - j0) : 0, prefetch_v ? v.rows : nullptr, v.stride);
+                              prefetch_v ? v.rows : nullptr, v.stride);
           }
           cpu_flash::ScoreTile t{scores.data(), Bc, rows, cols};
           // The additions, row by row (consecutive rows may belong to different query heads).

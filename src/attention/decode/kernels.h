@@ -19,13 +19,11 @@ size_t lanes();
 // scores[r·score_stride + c] = Σ_e q[r·q_stride + e] · k[c·k_stride + e]   (r < rows, c < cols)
 // One multiply-add chain per (row, key), summed across lanes at the end: rows in groups of 4,
 // keys in blocks of 2 (AVX2) or 4 (AVX-512), each key row loaded once for the group.
-// Prefetching (into L2), as the keys go by: the keys up to `ahead_limit` (counted from k; 0: none)
-// a fixed distance ahead, and `next` (may be null): rows of the same count and size the caller
-// reads next (these keys' values), so that they arrive while the scores are computed.
+// `next` (may be null): rows of the same count and size the caller reads next (these keys'
+// values), prefetched into L2 as the keys go by, so that they arrive while the scores are computed.
 template <class Kv>
 void qk_scores(const float* q, size_t q_stride, size_t rows, const Kv* k, size_t k_stride, size_t cols, size_t dim,
-               float* scores, size_t score_stride, size_t ahead_limit = 0, const Kv* next = nullptr,
-               size_t next_stride = 0);
+               float* scores, size_t score_stride, const Kv* next = nullptr, size_t next_stride = 0);
 
 // out[r·out_stride + e] += Σ_c p[r·p_stride + c] · v[c·v_stride + e]   (r < rows, e < dim)
 // Blocks of 4 rows × up to 4 vectors of columns stay in registers while runs of 16 keys go by.
