@@ -303,6 +303,22 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   }
   // No query rows: no gradient reaches anything.
   if (no_query_rows(p)) return;
+  if constexpr (std::is_same_v<T, float>) {
+    // The forward ran on decode, whose scores s are summed in another order than the ones
+    // cpu_flash's backward recomputes: with large logits the two differ by ulps of s (|s| = 200:
+    // 1.5e-5), and so would P = exp(s − logsumexp), relatively. So the logsumexp comes from
+    // cpu_flash's forward, whose scores the backward reproduces bit for bit (the output given is
+    // still the one used, in Σ dO·O). A short forward (L ≤ 16 query rows) beside the backward.
+    if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode) {
+      Tensor<T> output_again({p.batch, p.query_heads, p.query_len, p.v_head_dim});
+      Tensor<double> logsumexp_again({p.batch, p.query_heads, p.query_len});
+      detail::ForwardArgs<T> f{a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
+                               lse_rows_of(View<double>(logsumexp_again)), {}};
+      detail::cpu_flash_forward(p, masks, f);
+      a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
+      return detail::cpu_flash_backward(p, masks, a);
+    }
+  }
   switch (backend) {
     case Backend::reference:
       return detail::reference_backward(p, masks, a);

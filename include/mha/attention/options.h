@@ -28,7 +28,8 @@ enum class Causal { none, top_left, bottom_right };
 //   decode     flash-decoding for few query rows against many keys (generation against a KV
 //              cache): the keys split into fixed chunks across threads, partial results merged by
 //              log-sum-exp; reads bfloat16/float16 keys and values in place (float only; no
-//              weights; a forward kernel: sdpa_backward runs cpu_flash for it)
+//              weights; a forward kernel: sdpa_backward runs cpu_flash for it, with the
+//              logsumexp of a cpu_flash forward, whose scores it recomputes bit for bit)
 enum class Backend { automatic, reference, cpu_flash, decode };
 
 template <class T>
