@@ -18,7 +18,8 @@ size_t lanes();
 
 // scores[r·score_stride + c] = Σ_e q[r·q_stride + e] · k[c·k_stride + e]   (r < rows, c < cols)
 // One multiply-add chain per (row, key), summed across lanes at the end: rows in groups of 4,
-// keys in blocks of 2 (AVX2) or 4 (AVX-512), each key row loaded once for the group.
+// keys in blocks of 2 (AVX2) or 4 (AVX-512), each key row loaded once for the group; the chains'
+// lanes summed four at a time.
 // `next` (may be null): rows of the same count and size the caller reads next (these keys'
 // values), prefetched into L2 as the keys go by, so that they arrive while the scores are computed.
 template <class Kv>
