@@ -32,6 +32,13 @@ def median_seconds(run, repeats):
     return statistics.median(times)
 
 
+def write_json(path, report):
+    """The report as JSON at path, atomically (a temporary file, then a rename)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def torch_peers(shapes, module, threads, repeats):
     import torch
     import torch.nn.functional as F
@@ -230,9 +237,7 @@ def main():
         print(f'\nBlack box (N={module["batch"]}, L={module["len"]}, E={module["embed_dim"]}, {module["num_heads"]} heads; '
               f'query, key, value): `mha attention` file to file {cli:.1f} ms{line}\n  last run: {stages[-1]}')
     path = os.path.join(build, "bench", "bench.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(path, report)
     print(f"\nJSON: {path}")
 
 

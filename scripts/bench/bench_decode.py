@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+from bench import median_seconds, write_json  # bench.py, beside this file (the script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,13 +39,7 @@ def torch_step_seconds(row, threads, repeats):
             F.scaled_dot_product_attention(q, k, v, enable_gqa=Hkv != Hq)
 
     with torch.inference_mode():
-        step()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) / copies
+        return median_seconds(step, repeats) / copies
 
 
 def main():
@@ -78,9 +72,7 @@ def main():
             line += f"{t * 1e3:8.3f} {gbs:6.1f} {100 * gbs / bandwidth:5.0f}% | {t / mha_s:8.2f}x"
         print(line, flush=True)
     report["torch_version"] = torch_version
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(path, report)
     print(f"JSON written to {path}")
 
 
