@@ -18,6 +18,8 @@ packages=(
   zlib1g-dev
   libhwy-dev
   libutf8proc-dev
+  libopenmpi-dev
+  openmpi-bin
   libsleef-dev
   libicu-dev
   libgtest-dev

@@ -1,7 +1,9 @@
 // sdpa_forward / sdpa_backward: argument checks, then dispatch to the chosen backend.
 #include "mha/attention/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -61,6 +63,24 @@ BroadcastView<M> broadcast_view(const View<const M>& mask, const Problem& p, con
   return view;
 }
 
+// Options::positions with its zero totals resolved to the call's own sizes, checked: the call's
+// queries, keys and heads lie inside the whole call's.
+Positions whole_call(Positions w, const Problem& p) {
+  if (w.query_len == 0) w.query_len = p.query_len;
+  if (w.key_len == 0) w.key_len = p.key_len;
+  if (w.heads == 0) w.heads = p.query_heads;
+  auto inside = [](int64_t offset, int64_t size, int64_t total) {
+    return offset >= 0 && total >= 0 && offset <= total && size <= total - offset;
+  };
+  check(inside(w.query_offset, p.query_len, w.query_len), "options.positions: expected the call's ", p.query_len,
+        " queries from query_offset ", w.query_offset, " to lie inside the whole call's ", w.query_len);
+  check(inside(w.key_offset, p.key_len, w.key_len), "options.positions: expected the call's ", p.key_len,
+        " keys from key_offset ", w.key_offset, " to lie inside the whole call's ", w.key_len);
+  check(inside(w.head_offset, p.query_heads, w.heads), "options.positions: expected the call's ", p.query_heads,
+        " query heads from head_offset ", w.head_offset, " to lie inside the whole call's ", w.heads);
+  return w;
+}
+
 template <class T>
 Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Options<T>& options) {
   check(k[0] == q[0] && v[0] == q[0], "key/value: expected batch size ", q[0],
@@ -93,6 +113,7 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   p.causal = options.causal;
   p.dropout_p = options.dropout_p;
   p.dropout_seed = options.dropout_seed;
+  p.whole = whole_call(options.positions, p);
   if (options.scale) {
     check(std::isfinite(*options.scale), "scale: expected a finite number, got ", *options.scale);
     p.scale = *options.scale;
@@ -296,7 +317,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   a.grad_query = rows_of(grads.grad_query, "grad_query", "(B, Hq, L, Dqk)");
   a.grad_key = rows_of(grads.grad_key, "grad_key", "(B, Hkv, S, Dqk)");
   a.grad_value = rows_of(grads.grad_value, "grad_value", "(B, Hkv, S, Dv)");
-  if (!fresh) {
+  if (!fresh && !grads.accumulate) {
     zero(grads.grad_query);
     zero(grads.grad_key);
     zero(grads.grad_value);
@@ -309,7 +330,8 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
     // 1.5e-5), and so would P = exp(s − logsumexp), relatively. So the logsumexp comes from
     // cpu_flash's forward, whose scores the backward reproduces bit for bit (the output given is
     // still the one used, in Σ dO·O). A short forward (L ≤ 16 query rows) beside the backward.
-    if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode) {
+    // (A block of the rows' keys is given the whole call's logsumexp, and keeps it.)
+    if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode && !p.partial_keys()) {
       Tensor<T> output_again({p.batch, p.query_heads, p.query_len, p.v_head_dim});
       Tensor<double> logsumexp_again({p.batch, p.query_heads, p.query_len});
       detail::ForwardArgs<T> f{a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
@@ -391,6 +413,34 @@ void sdpa_forward_into(View<const float> query, View<const float16> key, View<co
   forward<float, float16>(query, key, value, out, options, /*fresh=*/false);
 }
 
+template <class T>
+void merge_partial(View<double> output, View<double> logsumexp, View<const T> block_output,
+                   View<const double> block_logsumexp) {
+  const Rows<double> out = rows_of(output, "output", "(B, H, L, Dv)");
+  const Rows<const T> blk = rows_of(block_output, "block_output", "(B, H, L, Dv)");
+  check_shape(block_output.shape(), output.shape(), "block_output");
+  const Shape lse_shape{output.size(0), output.size(1), output.size(2)};
+  check_shape(logsumexp.shape(), lse_shape, "logsumexp");
+  check_shape(block_logsumexp.shape(), lse_shape, "block_logsumexp");
+  const Rows<double> lse = lse_rows_of(logsumexp);
+  const Rows<const double> blk_lse = lse_rows_of(block_logsumexp);
+  const int64_t B = output.size(0), H = output.size(1), L = output.size(2), D = output.size(3);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        double& l = *lse.row(b, h, i);
+        const double lb = *blk_lse.row(b, h, i);
+        if (lb == -std::numeric_limits<double>::infinity()) continue;  // the block adds nothing
+        const double hi = std::max(l, lb), lo = std::min(l, lb);
+        const double merged = std::isnan(l) || std::isnan(lb) ? std::nan("") : hi + std::log1p(std::exp(lo - hi));
+        const double keep = std::exp(l - merged), add = std::exp(lb - merged);
+        double* o = out.row(b, h, i);
+        const T* ob = blk.row(b, h, i);
+        for (int64_t d = 0; d < D; ++d) o[d] = keep * o[d] + add * static_cast<double>(ob[d]);
+        l = merged;
+      }
+}
+
 #define MHA_INSTANTIATE(T)                                                                                      \
   template ForwardResult<T> sdpa_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Options<T>&); \
   template Gradients<T> sdpa_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,    \
@@ -398,7 +448,8 @@ void sdpa_forward_into(View<const float> query, View<const float16> key, View<co
   template void sdpa_forward_into(View<const T>, View<const T>, View<const T>, const ForwardOutputs<T>&,        \
                                   const Options<T>&);                                                         \
   template void sdpa_backward_into(View<const T>, View<const T>, View<const T>, View<const T>, View<const double>, \
-                                   View<const T>, const GradientOutputs<T>&, const Options<T>&);
+                                   View<const T>, const GradientOutputs<T>&, const Options<T>&);              \
+  template void merge_partial(View<double>, View<double>, View<const T>, View<const double>);
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
 #undef MHA_INSTANTIATE

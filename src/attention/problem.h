@@ -43,14 +43,29 @@ struct Problem {
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
 
+  // The whole call this one is a block of (Options::positions, resolved: totals never 0).
+  Positions whole;
+
   int64_t group_size() const { return query_heads / kv_heads; }
-  // Keys [0, causal_limit(i)) are visible to query i (all of them when not causal).
+  // Keys [0, causal_limit(i)) are visible to query i (all of them when not causal). The limit is
+  // the whole call's, at query whole.query_offset + i, counted from this block's first key.
   int64_t causal_limit(int64_t i) const {
+    const int64_t gi = whole.query_offset + i;
     int64_t limit = key_len;
-    if (causal == Causal::top_left) limit = i + 1;
-    if (causal == Causal::bottom_right) limit = i + 1 + (key_len - query_len);
+    if (causal == Causal::top_left) limit = gi + 1 - whole.key_offset;
+    if (causal == Causal::bottom_right) limit = gi + 1 + (whole.key_len - whole.query_len) - whole.key_offset;
     return limit < 0 ? 0 : (limit > key_len ? key_len : limit);
   }
+  // This call's keys are a part of the whole call's: a row's softmax spans keys it does not see.
+  bool partial_keys() const { return whole.key_offset != 0 || whole.key_len != key_len; }
+  // The dropout stream of (b, h) and the whole call's row and column of (i, j): dropout_keep's
+  // arguments (mha/core/random.h), so that a block draws the whole call's mask.
+  uint64_t dropout_stream(int64_t batch_head) const {
+    const int64_t b = batch_head / query_heads, h = batch_head % query_heads;
+    return static_cast<uint64_t>(b * whole.heads + whole.head_offset + h);
+  }
+  uint32_t dropout_row(int64_t i) const { return static_cast<uint32_t>(whole.query_offset + i); }
+  uint32_t dropout_column(int64_t j) const { return static_cast<uint32_t>(whole.key_offset + j); }
   // 1/(1 − p) for kept probabilities; p = 1 drops everything (and must not give 0·inf = NaN).
   double dropout_scale() const { return dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0; }
 };

@@ -52,11 +52,11 @@ double softmax_row(T* scores, int64_t n) {
   return static_cast<double>(max_score) + std::log(sum);
 }
 
-// The dropout multiplier of probability (bh, i, j): 0 if dropped, 1/(1 − p) if kept.
+// The dropout multiplier of probability (bh, i, j): 0 if dropped, 1/(1 − p) if kept (at the
+// whole call's positions).
 inline double dropout_factor(const Problem& p, int64_t bh, int64_t i, int64_t j) {
   if (p.dropout_p == 0.0) return 1.0;
-  return dropout_keep(p.dropout_seed, static_cast<uint64_t>(bh), static_cast<uint32_t>(i),
-                      static_cast<uint32_t>(j), p.dropout_p)
+  return dropout_keep(p.dropout_seed, p.dropout_stream(bh), p.dropout_row(i), p.dropout_column(j), p.dropout_p)
              ? p.dropout_scale()
              : 0.0;
 }
@@ -108,7 +108,9 @@ void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardA
   // (as PyTorch's softmax backward does) rather than from the stored output: then Σ_j dS_ij
   // cancels to rounding, where dO·O carries the forward's rounding into every dS_ij and so into
   // gradients that are exactly zero in exact arithmetic (e.g. a key bias, which softmax ignores).
-  // So neither the stored output nor logsumexp is read. The gradients start at 0.
+  // So neither the stored output nor logsumexp is read, except by a call that is a block of a
+  // row's keys (Problem::partial_keys), which has only part of the row: P = exp(s − logsumexp)
+  // and D_i = dO_i·O_i then. The gradients start at 0 or hold what is added to (accumulate).
   const int64_t B = p.batch, Hq = p.query_heads, L = p.query_len, S = p.key_len;
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -124,16 +126,28 @@ void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardA
         T* dq = a.grad_query.row(b, h, i);
 
         score_row(p, masks, q, a.key, b, kvh, h, i, prob.data());
-        if (softmax_row(prob.data(), S) == neg_inf) continue;  // masked row: every gradient term is 0
+        if (p.partial_keys()) {
+          // A block of the row's keys (Options::positions): P from the whole row's logsumexp.
+          const double lse = *a.logsumexp.row(b, h, i);
+          if (lse == -std::numeric_limits<double>::infinity()) continue;
+          for (int64_t j = 0; j < S; ++j) prob[j] = static_cast<T>(std::exp(static_cast<double>(prob[j]) - lse));
+        } else if (softmax_row(prob.data(), S) == neg_inf) {
+          continue;  // masked row: every gradient term is 0
+        }
         // dP_ij and D_i; then dV, dS, dQ, dK. Every key takes part, as in PyTorch's matrix
         // products: a key with P = 0 (masked or underflowed) adds exactly 0 while its key, value
         // and grad_output are finite, and NaN (0·inf) where one holds an Inf or NaN, as there.
         // D_i is summed in double: dS_ij = P_ij (dP_ij − D_i) cancels, and a sequential float
         // sum's rounding in D_i would reach every dS_ij of the row.
+        // A block of the row's keys takes D_i = dO_i·O_i from the whole call's output instead.
         double row_dot = 0;
         for (int64_t j = 0; j < S; ++j) {
           dprob[j] = dot(dout, a.value.row(b, kvh, j), Dv) * static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
-          row_dot += prob[j] * dprob[j];
+          if (!p.partial_keys()) row_dot += prob[j] * dprob[j];
+        }
+        if (p.partial_keys()) {
+          const T* out = a.output.row(b, h, i);
+          for (int64_t d = 0; d < Dv; ++d) row_dot += static_cast<double>(dout[d]) * out[d];
         }
         for (int64_t j = 0; j < S; ++j) {
           const T factor = static_cast<T>(dropout_factor(p, b * Hq + h, i, j));

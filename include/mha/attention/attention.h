@@ -47,7 +47,8 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
 // buffer), writing into outputs the caller allocated; the Tensor versions above allocate and
 // call these. Inputs and outputs are views of the shapes above with any strides whose last
 // dimension is contiguous (stride 1), so (B, L, H, D) memory viewed as (B, H, L, D) is read and
-// written in place; logsumexp may have any strides. Every output is overwritten; no two of its
+// written in place; logsumexp may have any strides. Every output is overwritten (or, for the
+// gradients, added to when asked); no two of its
 // elements may share memory, and no output may overlap an input or another output.
 template <class T>
 struct ForwardOutputs {
@@ -61,6 +62,9 @@ struct GradientOutputs {
   View<T> grad_query;  // (B, Hq, L, Dqk)
   View<T> grad_key;    // (B, Hkv, S, Dqk)
   View<T> grad_value;  // (B, Hkv, S, Dv)
+  // Add the gradients to what the three outputs hold instead of overwriting them (blocks of a
+  // longer sequence summing into one accumulator, Options::positions).
+  bool accumulate = false;
 };
 
 template <class T>
@@ -71,6 +75,17 @@ template <class T>
 void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
                         View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
                         const Options<T>& options = {});
+
+// Log-sum-exp merge of attention over blocks of keys (Options::positions): `output`, `logsumexp`
+// hold the attention of each query row over the keys merged so far (start: 0 and −inf), and
+// become that over those keys and the block's, whose result is block_output, block_logsumexp:
+//   lse' = log(e^lse + e^lse_b),   output' = e^(lse − lse')·output + e^(lse_b − lse')·block_output
+// in double. A block whose row is fully masked (lse_b = −inf) changes nothing, so a row no block
+// sees stays 0 with −inf (never NaN); a NaN logsumexp makes the row NaN. Shapes (B, H, L, Dv) and
+// (B, H, L), any strides with rows contiguous.
+template <class T>
+void merge_partial(View<double> output, View<double> logsumexp, View<const T> block_output,
+                   View<const double> block_logsumexp);
 
 // Keys and values stored in bfloat16 or float16 (a KV cache's), queries and outputs in float:
 // the same call, contract and options. The decode backend (automatic's choice for at most 16

@@ -32,6 +32,20 @@ enum class Causal { none, top_left, bottom_right };
 //              logsumexp of a cpu_flash forward, whose scores it recomputes bit for bit)
 enum class Backend { automatic, reference, cpu_flash, decode };
 
+// Where the call sits in a larger one (context parallelism: a process holding a slice of the
+// sequence, or of the heads). Query row i of the call is row query_offset + i of the whole call,
+// key j is key key_offset + j, query head h is head head_offset + h; the whole call has query_len
+// queries, key_len keys and heads query heads (0: the call's own size). Causal masks and dropout
+// use the whole call's positions, so a block of queries given all keys returns exactly the whole
+// call's rows (bit for bit), and blocks of keys merged by log-sum-exp return them up to rounding.
+// The masks are given for the block itself. A call whose keys are a part of the whole (keys given
+// with an offset or fewer than key_len) has a backward that takes D_i = dO_i·O_i from the output
+// given, which must be the whole call's (merged) output, and the whole call's logsumexp.
+struct Positions {
+  int64_t query_offset = 0, key_offset = 0, head_offset = 0;
+  int64_t query_len = 0, key_len = 0, heads = 0;
+};
+
 template <class T>
 struct Options {
   // Masks are broadcast to (B, Hq, L, S): each may have rank 1..4, aligned on the right, with
@@ -52,6 +66,7 @@ struct Options {
   // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
   bool need_weights = false;
   Backend backend = Backend::automatic;
+  Positions positions;
 };
 
 }  // namespace mha::attention

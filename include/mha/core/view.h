@@ -48,6 +48,18 @@ class View {
   // An empty View() is undefined; a view of zero elements (any pointer) is defined.
   bool defined() const { return data_ != nullptr || !shape_.empty(); }
 
+  // Elements [start, start + length) along `axis`: the same memory, no copy.
+  View slice(int64_t axis, int64_t start, int64_t length) const {
+    check(axis >= 0 && axis < dim(), "View::slice: axis: expected 0 to ", dim() - 1, ", got ", axis);
+    check(start >= 0 && length >= 0 && start <= size(axis) && length <= size(axis) - start,
+          "View::slice: expected [start, start + length) inside [0, ", size(axis), "), got start ", start,
+          " and length ", length);
+    Shape shape = shape_;
+    shape[static_cast<size_t>(axis)] = length;
+    const bool empty = length == 0 || numel_ == 0;
+    return View(empty ? data_ : data_ + start * stride(axis), shape, strides_);
+  }
+
   // Row-major with no gaps: the strides a Tensor of this shape has (size-1 dimensions excepted).
   // A view of no elements is (it addresses no memory).
   bool contiguous() const {

@@ -77,8 +77,9 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
 
 void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const BackwardArgs<float>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is not
-  // read (D comes from P and dP, see above); the gradients start at 0.
+  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is read
+  // only by a block of the rows' keys (D = dO·O, see the loop); the gradients are added to (they
+  // start at 0, or hold what a caller accumulates into).
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const int64_t G = p.group_size();
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
@@ -108,7 +109,7 @@ void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Backw
   Buffer<float> kvt_partial(chunks.count > 1 ? to_size(tasks) * kvt_size : 0, uninitialized);
   // Two sweeps: every query row's Σ_j P dP and Σ_j P, summed over all segments by the first.
   Buffer<double> all_row_dot(two_sweeps ? to_size(B * Hq * L) : 0), all_row_mass(two_sweeps ? to_size(B * Hq * L) : 0);
-  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
+  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0, partial = p.partial_keys();
 #pragma omp parallel
   {
     // The B operands of the task's kv head over the segment, in panels: Kᵀ (panels of keys) for
@@ -128,7 +129,7 @@ void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Backw
     Buffer<int64_t> visible(Br);
     auto fully_masked = [&](size_t r) { return lse_hi[r] == std::numeric_limits<float>::infinity(); };  // split_logsumexp
 
-    for (int sweep = two_sweeps ? 0 : 1; sweep < 2; ++sweep) {
+    for (int sweep = two_sweeps && !partial ? 0 : 1; sweep < 2; ++sweep) {
       const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
       for (int64_t seg = 0; seg < segments; ++seg) {
         const int64_t s0 = seg * static_cast<int64_t>(segment);
@@ -204,9 +205,19 @@ void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Backw
             const double* dots = two_sweeps ? all_row_dot.data() + row0 : row_dot.data();
             const double* masses = two_sweeps ? all_row_mass.data() + row0 : row_mass.data();
             for (size_t r = 0; r < rows; ++r) delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
+            // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
+            // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
+            if (partial) {
+              for (size_t r = 0; r < rows; ++r) {
+                const float* o = a.output.row(b, h, i0 + static_cast<int64_t>(r));
+                double d = 0;
+                for (size_t e = 0; e < Dv; ++e) d += static_cast<double>(dout_block[r * dout_ld + e]) * o[e];
+                delta[r] = static_cast<float>(d);
+              }
+            }
             // Rows whose logsumexp is too large to rebuild P exactly use P / Σ_j P (tiles.h).
             bool renormalizing = false;
-            for (size_t r = 0; r < rows; ++r) {
+            for (size_t r = 0; r < rows && !partial; ++r) {
               const bool renormalize =
                   logsumexp_needs_renormalizing(lse_of(r)) && masses[r] > 0;
               renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
@@ -252,32 +263,31 @@ void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Backw
             for (size_t j = 0; j < seg_keys; ++j) {
               float* dk = a.grad_key.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
               float* dv = a.grad_value.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
-              for (size_t d = 0; d < Dqk; ++d) dk[d] = scale * dkt[d * key_stride + j];
-              for (size_t d = 0; d < Dv; ++d) dv[d] = dvt[d * key_stride + j];
+              for (size_t d = 0; d < Dqk; ++d) dk[d] += scale * dkt[d * key_stride + j];
+              for (size_t d = 0; d < Dv; ++d) dv[d] += dvt[d * key_stride + j];
             }
           } else {
             std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
           }
         }
 
-        // With chunks: dK = scale·Σ_chunk dKᵀᵀ and dV = Σ_chunk dVᵀᵀ over the segment, summed in
-        // chunk order (after the loop above: its end is a barrier).
+        // With chunks: dK += scale·Σ_chunk dKᵀᵀ and dV += Σ_chunk dVᵀᵀ over the segment, summed in
+        // chunk order (after the loop above: its end is a barrier) into the first chunk's part.
         if (!gradients || chunks.count == 1) continue;
 #pragma omp for schedule(static)
         for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-          auto dk_row = [&](size_t j) { return a.grad_key.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j)); };
-          auto dv_row = [&](size_t j) { return a.grad_value.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j)); };
-          for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
-            const float* dkt_part = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
-            const float* dvt_part = dkt_part + Dqk * key_stride;
-            for (size_t j = 0; j < seg_keys; ++j) {
-              float *dk = dk_row(j), *dv = dv_row(j);
-              for (size_t d = 0; d < Dqk; ++d) dk[d] += dkt_part[d * key_stride + j];
-              for (size_t d = 0; d < Dv; ++d) dv[d] += dvt_part[d * key_stride + j];
-            }
+          float* sum = kvt_partial.data() + to_size(kv * chunks.count) * kvt_size;
+          for (int64_t chunk = 1; chunk < chunks.count; ++chunk) {
+            const float* part = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
+            for (size_t d = 0; d < Dqk + Dv; ++d)
+              for (size_t j = 0; j < seg_keys; ++j) sum[d * key_stride + j] += part[d * key_stride + j];
           }
-          for (size_t j = 0; j < seg_keys; ++j)
-            for (size_t d = 0; d < Dqk; ++d) dk_row(j)[d] *= scale;
+          for (size_t j = 0; j < seg_keys; ++j) {
+            float* dk = a.grad_key.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j));
+            float* dv = a.grad_value.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j));
+            for (size_t d = 0; d < Dqk; ++d) dk[d] += scale * sum[d * key_stride + j];
+            for (size_t d = 0; d < Dv; ++d) dv[d] += sum[(Dqk + d) * key_stride + j];
+          }
         }
       }
     }

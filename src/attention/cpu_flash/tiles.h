@@ -104,11 +104,11 @@ inline void fill_mask_tile(const Masks<float>& masks, int64_t b, int64_t h, int6
   }
 }
 
-// factor[r][c] = dropout factor of probability (b·Hq + h, i0 + r, j0 + c): 0 or 1/(1 − p).
+// factor[r][c] = dropout factor of probability (b·Hq + h, i0 + r, j0 + c): 0 or 1/(1 − p), at
+// the whole call's positions (Problem::dropout_stream).
 inline void fill_dropout_tile(const Problem& p, int64_t batch_head, int64_t i0, size_t rows, int64_t j0, size_t cols,
                               float* factor, size_t stride) {
-  dropout_tile(p.dropout_seed, static_cast<uint64_t>(batch_head), static_cast<uint32_t>(i0), rows,
-               static_cast<uint32_t>(j0), cols, p.dropout_p, static_cast<float>(p.dropout_scale()), factor, stride);
+  dropout_tile(p.dropout_seed, p.dropout_stream(batch_head), p.dropout_row(i0), rows, p.dropout_column(j0), cols, p.dropout_p, static_cast<float>(p.dropout_scale()), factor, stride);
 }
 
 // logsumexp (double) as hi + lo, two floats: hi = float(lse), lo = float(lse − hi), so that the

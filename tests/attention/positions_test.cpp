@@ -1,0 +1,278 @@
+// Options::positions: a call that is a block of a larger one. Blocks of query rows and of heads
+// give the whole call's rows bit for bit (causal masks and dropout at the whole call's positions);
+// blocks of keys merged by merge_partial give the whole call's output and logsumexp, and their
+// backwards, accumulated, its gradients (to rounding: the double reference within 1e-12, float
+// within FlashAttention's rule against the double reference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "../support/assertions.h"
+#include "../support/attention_cases.h"
+#include "mha/attention/attention.h"
+#include "mha/core/random.h"
+#include "mha/core/view.h"
+
+namespace mha::attention {
+namespace {
+
+using mha::testing::expect_error;
+using test_cases::FlashRule;
+using test_cases::max_diff;
+
+template <class T>
+Tensor<T> random_tensor(const Shape& shape, Generator& gen) {
+  Tensor<T> t(shape);
+  for (auto& x : t.values()) x = static_cast<T>(gen.uniform(-2.0, 2.0));
+  return t;
+}
+
+// A contiguous copy of a view.
+template <class T>
+Tensor<std::remove_const_t<T>> copy_of(View<T> v) {
+  Tensor<std::remove_const_t<T>> t(v.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int64_t offset = 0, rest = i;
+    for (int64_t a = v.dim() - 1; a >= 0; --a) {
+      offset += (rest % v.size(a)) * v.stride(a);
+      rest /= v.size(a);
+    }
+    t[i] = v.data()[offset];
+  }
+  return t;
+}
+
+template <class T>
+void fill(Tensor<T>& t, T value) {
+  std::fill(t.values().begin(), t.values().end(), value);
+}
+
+template <class T>
+void expect_bitwise(const Tensor<T>& got, const Tensor<T>& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(T) * static_cast<size_t>(got.numel())), 0) << what;
+}
+
+struct Case {
+  Backend backend;
+  Causal causal;
+  double dropout;
+  bool masked;  // an attend_mask (B, 1, L, S) that hides some keys and whole rows
+};
+
+constexpr int64_t B = 2, Hq = 4, Hkv = 2, G = Hq / Hkv, L = 37, S = 45, D = 16, Dv = 8;
+
+template <class T>
+struct Problem {
+  Tensor<T> q, k, v, dout;
+  Tensor<bool> keep;
+  Options<T> options;
+
+  Problem(const Case& c, uint64_t seed) {
+    Generator gen(seed);
+    q = random_tensor<T>({B, Hq, L, D}, gen);
+    k = random_tensor<T>({B, Hkv, S, D}, gen);
+    v = random_tensor<T>({B, Hkv, S, Dv}, gen);
+    dout = random_tensor<T>({B, Hq, L, Dv}, gen);
+    keep = Tensor<bool>({B, 1, L, S});
+    for (int64_t i = 0; i < keep.numel(); ++i) {
+      const int64_t row = (i / S) % L;
+      keep[i] = row % 7 != 3 && gen.uniform(0.0, 1.0) > 0.2;  // rows 3, 10, ... see nothing
+    }
+    options.causal = c.causal;
+    options.dropout_p = c.dropout;
+    options.dropout_seed = 1234;
+    options.backend = c.backend;
+    if (c.masked) options.attend_mask = keep;
+  }
+};
+
+std::string name(const Case& c) {
+  const char* causal[] = {"none", "top_left", "bottom_right"};
+  return std::string(c.backend == Backend::reference ? "reference" : c.backend == Backend::cpu_flash ? "cpu_flash" : "decode") +
+         " causal " + causal[static_cast<int>(c.causal)] + " dropout " + std::to_string(c.dropout) +
+         (c.masked ? " masked" : "");
+}
+
+// Rows [r0, r0 + n) of heads [h0, h0 + nh) as a call of their own: the whole call's results there,
+// bit for bit; the backward's grad_query too (each row's gradient sums over all keys, as there).
+template <class T>
+void check_query_and_head_blocks(const Case& c) {
+  SCOPED_TRACE(name(c));
+  const Problem<T> pr(c, 11);
+  const auto whole = sdpa_forward(pr.q, pr.k, pr.v, pr.options);
+  const auto grads = sdpa_backward(pr.q, pr.k, pr.v, whole.output, whole.logsumexp, pr.dout, pr.options);
+  const int64_t row_blocks[][2] = {{0, 5}, {5, 16}, {21, 16}, {36, 1}};
+  const int64_t head_blocks[][2] = {{0, Hq}, {2, 2}};
+  for (const auto& rb : row_blocks)
+    for (const auto& hb : head_blocks) {
+      const int64_t r0 = rb[0], n = rb[1], h0 = hb[0], nh = hb[1];
+      SCOPED_TRACE("rows " + std::to_string(r0) + "+" + std::to_string(n) + " heads " + std::to_string(h0) + "+" +
+                   std::to_string(nh));
+      auto rows = [&](const auto& t) { return View<const T>(t).slice(2, r0, n).slice(1, h0, nh); };
+      auto kv = [&](const auto& t) { return View<const T>(t).slice(1, h0 / G, nh / G); };
+      Options<T> opt = pr.options;
+      opt.positions = {r0, 0, h0, L, S, Hq};
+      if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(2, r0, n);
+      Tensor<T> out({B, nh, n, Dv});
+      Tensor<double> lse({B, nh, n});
+      sdpa_forward_into<T>(rows(pr.q), kv(pr.k), kv(pr.v), {out, lse, {}}, opt);
+      expect_bitwise(out, copy_of(rows(whole.output)), "output");
+      expect_bitwise(lse, copy_of(View<const double>(whole.logsumexp).slice(2, r0, n).slice(1, h0, nh)), "logsumexp");
+
+      Tensor<T> dq({B, nh, n, D}), dk({B, nh / G, S, D}), dv({B, nh / G, S, Dv});
+      sdpa_backward_into<T>(rows(pr.q), kv(pr.k), kv(pr.v), rows(whole.output),
+                            View<const double>(whole.logsumexp).slice(2, r0, n).slice(1, h0, nh), rows(pr.dout),
+                            {dq, dk, dv}, opt);
+      expect_bitwise(dq, copy_of(rows(grads.grad_query)), "grad_query");
+    }
+}
+
+TEST(Positions, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
+  for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
+    for (double dropout : {0.0, 0.3})
+      for (bool masked : {false, true}) {
+        check_query_and_head_blocks<double>({Backend::reference, causal, dropout, masked});
+        check_query_and_head_blocks<float>({Backend::reference, causal, dropout, masked});
+        check_query_and_head_blocks<float>({Backend::cpu_flash, causal, dropout, masked});
+        check_query_and_head_blocks<float>({Backend::decode, causal, dropout, masked});
+      }
+}
+
+// The keys in uneven blocks (one of them a single key), each a call of its own with key_offset:
+// merged, the whole call's output and logsumexp; backwards given the merged output and logsumexp,
+// adding into one grad_query and into each block's rows of grad_key and grad_value, its gradients.
+template <class T>
+void check_key_blocks(const Case& c, FlashRule& rule) {
+  SCOPED_TRACE(name(c));
+  const Problem<T> pr(c, 23);
+  const int64_t key_blocks[][2] = {{0, 13}, {13, 1}, {14, 17}, {31, 14}};
+
+  Tensor<double> merged({B, Hq, L, Dv}), lse({B, Hq, L});
+  fill(lse, -std::numeric_limits<double>::infinity());  // nothing merged yet
+  for (const auto& kb : key_blocks) {
+    Options<T> opt = pr.options;
+    opt.positions = {0, kb[0], 0, L, S, Hq};
+    if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(3, kb[0], kb[1]);
+    Tensor<T> out({B, Hq, L, Dv});
+    Tensor<double> block_lse({B, Hq, L});
+    sdpa_forward_into<T>(pr.q, View<const T>(pr.k).slice(2, kb[0], kb[1]), View<const T>(pr.v).slice(2, kb[0], kb[1]),
+                         {out, block_lse, {}}, opt);
+    merge_partial<T>(merged, lse, out, block_lse);
+  }
+  for (double x : merged.values()) ASSERT_FALSE(std::isnan(x)) << "a NaN in the merged output";
+  const Tensor<T> output = cast<T>(merged);
+
+  Tensor<T> dq({B, Hq, L, D}), dk({B, Hkv, S, D}), dv({B, Hkv, S, Dv});
+  for (const auto& kb : key_blocks) {
+    Options<T> opt = pr.options;
+    opt.positions = {0, kb[0], 0, L, S, Hq};
+    if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(3, kb[0], kb[1]);
+    auto keys = [&](auto& t) { return View<T>(t).slice(2, kb[0], kb[1]); };
+    sdpa_backward_into<T>(pr.q, View<const T>(pr.k).slice(2, kb[0], kb[1]), View<const T>(pr.v).slice(2, kb[0], kb[1]),
+                          output, lse, pr.dout, {dq, keys(dk), keys(dv), /*accumulate=*/true}, opt);
+  }
+
+  // The whole call in double (the reference), and for float the float reference beside it.
+  Options<double> opt64;
+  opt64.causal = c.causal;
+  opt64.dropout_p = c.dropout;
+  opt64.dropout_seed = pr.options.dropout_seed;
+  opt64.backend = Backend::reference;
+  const Tensor<double> q64 = cast<double>(pr.q), k64 = cast<double>(pr.k),
+                       v64 = cast<double>(pr.v), dout64 = cast<double>(pr.dout);
+  if (c.masked) opt64.attend_mask = pr.keep;
+  const auto whole64 = sdpa_forward(q64, k64, v64, opt64);
+  const auto grads64 = sdpa_backward(q64, k64, v64, whole64.output, whole64.logsumexp, dout64, opt64);
+  if constexpr (std::is_same_v<T, double>) {
+    EXPECT_LE(max_diff(lse, whole64.logsumexp), 1e-12) << "logsumexp";
+    EXPECT_LE(max_diff(output, whole64.output), 1e-12) << "output";
+    EXPECT_LE(max_diff(dq, grads64.grad_query), 1e-12) << "grad_query";
+    EXPECT_LE(max_diff(dk, grads64.grad_key), 1e-12) << "grad_key";
+    EXPECT_LE(max_diff(dv, grads64.grad_value), 1e-12) << "grad_value";
+  } else {
+    Options<float> opt32 = pr.options;
+    opt32.backend = Backend::reference;
+    const auto whole32 = sdpa_forward(pr.q, pr.k, pr.v, opt32);
+    const auto grads32 = sdpa_backward(pr.q, pr.k, pr.v, whole32.output, whole32.logsumexp, pr.dout, opt32);
+    rule.expect(lse, whole32.logsumexp, whole64.logsumexp, "logsumexp");
+    rule.expect(output, whole32.output, whole64.output, "output");
+    rule.expect(dq, grads32.grad_query, grads64.grad_query, "grad_query");
+    rule.expect(dk, grads32.grad_key, grads64.grad_key, "grad_key");
+    rule.expect(dv, grads32.grad_value, grads64.grad_value, "grad_value");
+  }
+}
+
+TEST(Positions, KeyBlocksMergedGiveTheWholeCall) {
+  FlashRule rule{"key blocks"};
+  for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
+    for (double dropout : {0.0, 0.3})
+      for (bool masked : {false, true}) {
+        check_key_blocks<double>({Backend::reference, causal, dropout, masked}, rule);
+        check_key_blocks<float>({Backend::reference, causal, dropout, masked}, rule);
+        check_key_blocks<float>({Backend::cpu_flash, causal, dropout, masked}, rule);
+      }
+  std::printf("key blocks, float: largest error / allowed %.3f\n", rule.worst_fraction);
+}
+
+TEST(Positions, AccumulateAddsToWhatTheGradientsHold) {
+  const Problem<double> pr({Backend::reference, Causal::top_left, 0.0, false}, 5);
+  const auto f = sdpa_forward(pr.q, pr.k, pr.v, pr.options);
+  const auto g = sdpa_backward(pr.q, pr.k, pr.v, f.output, f.logsumexp, pr.dout, pr.options);
+  Tensor<double> dq(pr.q.shape()), dk(pr.k.shape()), dv(pr.v.shape());
+  for (auto* t : {&dq, &dk, &dv}) fill(*t, 0.5);
+  sdpa_backward_into<double>(pr.q, pr.k, pr.v, f.output, f.logsumexp, pr.dout, {dq, dk, dv, true}, pr.options);
+  auto shifted = [](Tensor<double> t) {
+    for (auto& x : t.values()) x += 0.5;
+    return t;
+  };
+  EXPECT_LE(max_diff(dq, shifted(g.grad_query)), 1e-13);
+  EXPECT_LE(max_diff(dk, shifted(g.grad_key)), 1e-13);
+  EXPECT_LE(max_diff(dv, shifted(g.grad_value)), 1e-13);
+  // Without accumulate, the same outputs are overwritten.
+  sdpa_backward_into<double>(pr.q, pr.k, pr.v, f.output, f.logsumexp, pr.dout, {dq, dk, dv}, pr.options);
+  expect_bitwise(dq, g.grad_query, "grad_query overwritten");
+}
+
+TEST(Positions, MergeKeepsFullyMaskedRowsAtZeroAndNaNsVisible) {
+  Tensor<double> out({1, 1, 3, 2}), lse({1, 1, 3});
+  fill(lse, -std::numeric_limits<double>::infinity());
+  Tensor<float> block({1, 1, 3, 2});
+  for (int i = 0; i < 6; ++i) block[i] = static_cast<float>(i + 1);
+  Tensor<double> block_lse({1, 1, 3});
+  block_lse[0] = -std::numeric_limits<double>::infinity();
+  block_lse[1] = 0.0;
+  block_lse[2] = std::nan("");
+  merge_partial<float>(out, lse, block, block_lse);
+  merge_partial<float>(out, lse, block, block_lse);  // twice: row 1 is the mean of equal blocks
+  EXPECT_EQ(out[0], 0.0);
+  EXPECT_EQ(out[1], 0.0);
+  EXPECT_EQ(lse[0], -std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(out[2], 3.0);
+  EXPECT_DOUBLE_EQ(out[3], 4.0);
+  EXPECT_DOUBLE_EQ(lse[1], std::log(2.0));
+  EXPECT_TRUE(std::isnan(lse[2]));
+  EXPECT_TRUE(std::isnan(out[4]));
+  expect_error([&] { merge_partial<float>(out, lse, Tensor<float>({1, 1, 2, 2}), block_lse); }, "block_output");
+}
+
+TEST(Positions, BlocksOutsideTheWholeCallAreRefused) {
+  const Problem<double> pr({Backend::reference, Causal::none, 0.0, false}, 3);
+  auto call = [&](Positions pos) {
+    Options<double> opt;
+    opt.positions = pos;
+    sdpa_forward(pr.q, pr.k, pr.v, opt);
+  };
+  expect_error([&] { call({-1, 0, 0, L, S, Hq}); }, "options.positions: expected the call's 37 queries from query_offset -1");
+  expect_error([&] { call({1, 0, 0, L, S, Hq}); }, "inside the whole call's 37");
+  expect_error([&] { call({0, 5, 0, 0, 48, 0}); }, "options.positions: expected the call's 45 keys from key_offset 5");
+  expect_error([&] { call({0, 0, 1, 0, 0, 4}); }, "query heads from head_offset 1");
+  call({3, 2, 4, 40, 47, 8});  // inside: accepted
+}
+
+}  // namespace
+}  // namespace mha::attention
