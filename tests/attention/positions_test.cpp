@@ -99,14 +99,15 @@ std::string name(const Case& c) {
 }
 
 // Rows [r0, r0 + n) of heads [h0, h0 + nh) as a call of their own: the whole call's results there,
-// bit for bit; the backward's grad_query too (each row's gradient sums over all keys, as there).
+// bit for bit; the backward's grad_query too (each row's gradient sums over all keys, as there),
+// and with every row, grad_key and grad_value of the block's kv heads.
 template <class T>
 void check_query_and_head_blocks(const Case& c) {
   SCOPED_TRACE(name(c));
   const Problem<T> pr(c, 11);
   const auto whole = sdpa_forward(pr.q, pr.k, pr.v, pr.options);
   const auto grads = sdpa_backward(pr.q, pr.k, pr.v, whole.output, whole.logsumexp, pr.dout, pr.options);
-  const int64_t row_blocks[][2] = {{0, 5}, {5, 16}, {21, 16}, {36, 1}};
+  const int64_t row_blocks[][2] = {{0, 5}, {5, 16}, {21, 16}, {36, 1}, {0, L}};
   const int64_t head_blocks[][2] = {{0, Hq}, {2, 2}};
   for (const auto& rb : row_blocks)
     for (const auto& hb : head_blocks) {
@@ -129,6 +130,10 @@ void check_query_and_head_blocks(const Case& c) {
                             View<const double>(whole.logsumexp).slice(2, r0, n).slice(1, h0, nh), rows(pr.dout),
                             {dq, dk, dv}, opt);
       expect_bitwise(dq, copy_of(rows(grads.grad_query)), "grad_query");
+      if (n == L) {  // every row: the block's kv heads have all their gradient
+        expect_bitwise(dk, copy_of(kv(grads.grad_key)), "grad_key");
+        expect_bitwise(dv, copy_of(kv(grads.grad_value)), "grad_value");
+      }
     }
 }
 
@@ -141,6 +146,28 @@ TEST(Positions, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
         check_query_and_head_blocks<float>({Backend::cpu_flash, causal, dropout, masked});
         check_query_and_head_blocks<float>({Backend::decode, causal, dropout, masked});
       }
+}
+
+// cpu_flash's backward splits a kv head's query blocks into chunks when the call has few (b, kv
+// head) pairs; a block of heads splits them as the whole call does, so it sums dK and dV in the
+// same order (with 400 rows: 4 chunks for the whole call's 2 kv heads, 8 for one alone).
+TEST(Positions, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
+  Generator gen(3);
+  const int64_t n = 400;
+  const Tensor<float> q = random_tensor<float>({1, 4, n, D}, gen), k = random_tensor<float>({1, 2, n, D}, gen),
+                      v = random_tensor<float>({1, 2, n, Dv}, gen), dout = random_tensor<float>({1, 4, n, Dv}, gen);
+  Options<float> opt;
+  opt.backend = Backend::cpu_flash;
+  opt.causal = Causal::top_left;
+  const auto f = sdpa_forward(q, k, v, opt);
+  const auto g = sdpa_backward(q, k, v, f.output, f.logsumexp, dout, opt);
+  auto heads = [](const auto& t, int64_t h0, int64_t nh) { return View<const float>(t).slice(1, h0, nh); };
+  opt.positions = {0, 0, 2, 0, 0, 4};
+  Tensor<float> dq({1, 2, n, D}), dk({1, 1, n, D}), dv({1, 1, n, Dv});
+  sdpa_backward_into<float>(heads(q, 2, 2), heads(k, 1, 1), heads(v, 1, 1), heads(f.output, 2, 2),
+                            View<const double>(f.logsumexp).slice(1, 2, 2), heads(dout, 2, 2), {dq, dk, dv}, opt);
+  expect_bitwise(dk, copy_of(heads(g.grad_key, 1, 1)), "grad_key");
+  expect_bitwise(dv, copy_of(heads(g.grad_value, 1, 1)), "grad_value");
 }
 
 // The keys in uneven blocks (one of them a single key), each a call of its own with key_offset:

@@ -28,7 +28,8 @@
 // heads of a GQA group are in the same task, so the task's dK, dV accumulators gather them
 // without atomics; each chunk owns its dQ rows and writes its own partial dKᵀ, dVᵀ, summed
 // afterwards in chunk order. The number of chunks depends on the shape only (more than one only
-// when B·Hkv is small), so the result is bitwise the same for any number of threads.
+// when B·Hkv is small; the whole call's Hkv for a block of heads), so the result is bitwise the
+// same for any number of threads, and for a block of heads the whole call's.
 //
 // The products that read a tile transposed (dV += Pᵀ·dO, dK += dSᵀ·Q) are computed transposed,
 // dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS: P and dS then enter as the panel operand B exactly as they are
@@ -102,7 +103,9 @@ void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const Backw
   // L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
   const size_t key_stride = segment_padded + 16;
   const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
-  const Chunks chunks = split_items(B * Hkv, G * query_blocks);
+  // Chunks from the whole call's (b, kv head) pairs (Options::positions): a block of heads sums
+  // its gradients in the very order the whole call does.
+  const Chunks chunks = split_items(B * (p.whole.heads / G), G * query_blocks);
   const int64_t tasks = B * Hkv * chunks.count;
   const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ of one task
   // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
