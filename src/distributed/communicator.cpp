@@ -149,24 +149,26 @@ void Communicator::all_reduce_sum(std::span<double> values) {
   traffic_.collective_bytes += static_cast<int64_t>(values.size_bytes());
 }
 
-std::vector<std::byte> Communicator::gather(std::span<const std::byte> bytes, int root) {
-  check(root >= 0 && root < size_, "gather: root: expected a rank in [0, ", size_, "), got ", root);
+std::vector<std::vector<std::byte>> Communicator::all_gather_bytes(std::span<const std::byte> bytes) {
   const int64_t mine = static_cast<int64_t>(bytes.size());
   const std::vector<int64_t> sizes = all_gather(std::span<const int64_t>(&mine, 1));
   std::vector<int> counts(sizes.size()), offsets(sizes.size());
   int64_t total = 0;
   for (size_t j = 0; j < sizes.size(); ++j) {
-    offsets[j] = count_of(total, "gather: offset");
-    counts[j] = count_of(sizes[j], "gather: count");
+    offsets[j] = count_of(total, "all_gather_bytes: offset");
+    counts[j] = count_of(sizes[j], "all_gather_bytes: count");
     total += sizes[j];
   }
-  std::vector<std::byte> all(rank_ == root ? static_cast<size_t>(total) : 0);
-  check_mpi(MPI_Gatherv(bytes.data(), count_of(mine, "gather"), MPI_BYTE, all.data(), counts.data(), offsets.data(),
-                        MPI_BYTE, root, comm_),
-            "MPI_Gatherv");
+  std::vector<std::byte> all(static_cast<size_t>(total));
+  check_mpi(MPI_Allgatherv(bytes.data(), count_of(mine, "all_gather_bytes"), MPI_BYTE, all.data(), counts.data(),
+                           offsets.data(), MPI_BYTE, comm_),
+            "MPI_Allgatherv");
   traffic_.collectives += 1;
-  traffic_.collective_bytes += rank_ == root ? 0 : mine;
-  return all;
+  traffic_.collective_bytes += mine;
+  std::vector<std::vector<std::byte>> parts;
+  for (size_t j = 0; j < sizes.size(); ++j)
+    parts.emplace_back(all.begin() + offsets[j], all.begin() + offsets[j] + counts[j]);
+  return parts;
 }
 
 void Communicator::barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }

@@ -423,7 +423,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
                                                         View<const std::type_identity_t<T>> value,
                                                         const MultiheadAttentionArgs<T>& args, bool training,
                                                         uint64_t dropout_seed, attention::Backend backend,
-                                                        MultiheadAttentionCache<T>* cache) {
+                                                        MultiheadAttentionCache<T>* cache, const AttentionCore<T>& core) {
   const MultiheadAttentionOptions options = resolved_options(unresolved);
   check_weights(options, weights);
   const int64_t e = options.embed_dim, heads = options.num_heads;
@@ -492,9 +492,14 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
   auto logsumexp = Tensor<double>::uninitialized({n, heads, len});  // written in full, as merged
   std::optional<Tensor<T>> weights_out;
   if (args.need_weights) weights_out = Tensor<T>({n, heads, len, k.size(1)});
-  attention::sdpa_forward_into<T>(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads),
-                                  {heads_view(merged, heads), logsumexp, weights_out ? View<T>(*weights_out) : View<T>()},
-                                  opt);
+  check(static_cast<bool>(core.forward) == static_cast<bool>(core.backward),
+        "MultiheadAttention: core: expected both a forward and a backward, or neither");
+  const attention::ForwardOutputs<T> outputs{heads_view(merged, heads), logsumexp,
+                                             weights_out ? View<T>(*weights_out) : View<T>()};
+  if (core.forward)
+    core.forward(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads), outputs, opt);
+  else
+    attention::sdpa_forward_into<T>(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads), outputs, opt);
 
   // 9. out_proj, then back to the caller's layout; the weights averaged over heads unless
   // average_attn_weights=false.
@@ -574,7 +579,7 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
                                                             View<const std::type_identity_t<T>> grad_output,
                                                             const MultiheadAttentionSaved<T>& saved,
                                                             const MultiheadAttentionWeightGradients<T>& grads,
-                                                            attention::Backend backend) {
+                                                            attention::Backend backend, const AttentionCore<T>& core) {
   const MultiheadAttentionOptions options = resolved_options(unresolved);
   check_weights(options, weights);
   check_gradients(options, grads);
@@ -618,11 +623,19 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
   // sdpa_backward_into overwrites every element of its outputs.
   auto grad_q = Tensor<T>::uninitialized(saved.q.shape()), grad_k = Tensor<T>::uninitialized(saved.k.shape()),
        grad_v = Tensor<T>::uninitialized(saved.v.shape());
-  attention::sdpa_backward_into<T>(heads_view(saved.q, heads), heads_view(saved.k, heads), heads_view(saved.v, heads),
-                                   heads_view(saved.merged, heads), saved.logsumexp, heads_view(grad_merged, heads),
-                                   {heads_view(grad_q, heads), heads_view(grad_k, heads), heads_view(grad_v, heads)},
-                                   core_options<T>(saved.attend_mask, saved.additive_mask, saved.causal,
-                                                   saved.dropout_p, saved.dropout_seed, backend));
+  const attention::Options<T> opt = core_options<T>(saved.attend_mask, saved.additive_mask, saved.causal,
+                                                     saved.dropout_p, saved.dropout_seed, backend);
+  const attention::GradientOutputs<T> outputs{heads_view(grad_q, heads), heads_view(grad_k, heads),
+                                              heads_view(grad_v, heads)};
+  check(static_cast<bool>(core.forward) == static_cast<bool>(core.backward),
+        "MultiheadAttention: core: expected both a forward and a backward, or neither");
+  if (core.backward)
+    core.backward(heads_view(saved.q, heads), heads_view(saved.k, heads), heads_view(saved.v, heads),
+                  heads_view(saved.merged, heads), saved.logsumexp, heads_view(grad_merged, heads), outputs, opt);
+  else
+    attention::sdpa_backward_into<T>(heads_view(saved.q, heads), heads_view(saved.k, heads), heads_view(saved.v, heads),
+                                     heads_view(saved.merged, heads), saved.logsumexp, heads_view(grad_merged, heads),
+                                     outputs, opt);
   // 5. add_zero_attn: the zero key/value are constants.
   if (options.add_zero_attn) {
     grad_k = drop_last_row(grad_k);
@@ -703,7 +716,8 @@ MultiheadAttentionOutput<T> MultiheadAttention<T>::forward(const Tensor<T>& quer
   const uint64_t dropout_seed =
       training && options_.dropout > 0 ? (uint64_t{generator_.next_u32()} << 32 | generator_.next_u32()) : 0;
   MultiheadAttentionOutput<T> result = multihead_attention_forward<T>(
-      options_, weights(), view_of(query), view_of(key), view_of(value), args, training, dropout_seed, backend, cache);
+      options_, weights(), view_of(query), view_of(key), view_of(value), args, training, dropout_seed, backend, cache,
+      core);
   if (cache) {
     // Backward needs the inputs; the caller may change or free its tensors before then.
     cache->query = query;
@@ -719,7 +733,7 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   check(c.query.defined(), "MultiheadAttention::backward: cache: expected the cache filled by forward, "
         "got an empty cache");
   return multihead_attention_backward<T>(options_, weights(), view_of(grad_output), c.saved(), weight_gradients(),
-                                         backend);
+                                         backend, core);
 }
 
 #define MHA_INSTANTIATE(T)                                                                                          \
@@ -729,10 +743,11 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   template MultiheadAttentionOutput<T> multihead_attention_forward(                                                 \
       const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>, View<const T>,           \
       View<const T>, const MultiheadAttentionArgs<T>&, bool, uint64_t, attention::Backend,                          \
-      MultiheadAttentionCache<T>*);                                                                                 \
+      MultiheadAttentionCache<T>*, const AttentionCore<T>&);                                                        \
   template MultiheadAttentionGradients<T> multihead_attention_backward(                                             \
       const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>,                         \
-      const MultiheadAttentionSaved<T>&, const MultiheadAttentionWeightGradients<T>&, attention::Backend);          \
+      const MultiheadAttentionSaved<T>&, const MultiheadAttentionWeightGradients<T>&, attention::Backend,           \
+      const AttentionCore<T>&);                                                                                     \
   template struct MultiheadAttentionCache<T>;                                                                       \
   template class MultiheadAttention<T>;
 MHA_INSTANTIATE(float)

@@ -15,6 +15,9 @@
 #include "mha/core/safetensors.h"
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/serialization.h"
+#if MHA_WITH_MPI
+#include "mha/distributed/context_parallel.h"
+#endif
 
 namespace mha::tools {
 namespace {
@@ -30,6 +33,7 @@ struct AttentionArgs {
   bool need_weights = true, average_attn_weights = true, is_causal = false;
   bool train = false, backward = false, timings = false;
   uint64_t seed = 0;
+  std::string context_parallel, layout = "contiguous";  // --context-parallel ring|ulysses (under mpirun)
 };
 
 // Wall-clock time of each stage of the command, printed with --timings.
@@ -110,6 +114,17 @@ void run(const AttentionArgs& args) {
   module.backend = parse_backend(args.backend);
 
   if (!args.weights_path.empty()) module.load_state_dict(nn::load_state_dict_file<T>(args.weights_path));
+  // Under mpirun, the attention split across the ranks; rank 0 writes the results.
+  bool writer = true;
+#if MHA_WITH_MPI
+  if (!args.context_parallel.empty()) {
+    auto& comm = distributed::Communicator::world();
+    module.core = distributed::context_parallel_core<T>(
+        comm, args.context_parallel == "ulysses" ? distributed::Scheme::ulysses : distributed::Scheme::ring,
+        args.layout == "zigzag" ? distributed::Layout::zigzag : distributed::Layout::contiguous);
+    writer = comm.rank() == 0;
+  }
+#endif
   timer.stage("weights");
 
   // Each input is decoded once, from the mapped file straight into its tensor.
@@ -148,9 +163,9 @@ void run(const AttentionArgs& args) {
     for (const auto& p : module.parameters()) out.tensors["grad." + p.name] = st::from_tensor(*p.grad);
     timer.stage("backward");
   }
-  st::save(out, args.output_path);
+  if (writer) st::save(out, args.output_path);
   timer.stage("write");
-  if (args.timings) std::fputs(timer.report().c_str(), stderr);
+  if (args.timings && writer) std::fputs(timer.report().c_str(), stderr);
 }
 
 }  // namespace
@@ -192,12 +207,32 @@ void add_attention_command(CLI::App& app) {
   cmd->add_flag("--backward", args->backward, "also compute gradients for grad_output");
   cmd->add_flag("--timings", args->timings,
                 "print the wall-clock time of each stage (weights, read, forward, backward, write) to stderr");
+  cmd->add_option("--context-parallel", args->context_parallel,
+                  "under mpirun: split the attention's sequence across the ranks, by ring or all-to-all over heads "
+                  "(ulysses); rank 0 writes the output (needs --no-need-weights)")
+      ->check(CLI::IsMember({"ring", "ulysses"}));
+  cmd->add_option("--layout", args->layout, "with --context-parallel: each rank's rows of the sequence")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}))
+      ->capture_default_str();
   cmd->callback([args] {
-    if (args->dtype == "float64") {
-      run<double>(*args);
-    } else {
-      run<float>(*args);
+    auto body = [args] {
+      if (args->dtype == "float64") {
+        run<double>(*args);
+      } else {
+        run<float>(*args);
+      }
+      return 0;
+    };
+    if (args->context_parallel.empty()) {
+      body();
+      return;
     }
+#if MHA_WITH_MPI
+    // An error on any rank ends every rank (none is left waiting for its messages).
+    distributed::run_or_abort(distributed::Communicator::world(), body);
+#else
+    throw Error("--context-parallel: this mha was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
   });
 }
 

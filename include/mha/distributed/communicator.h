@@ -64,8 +64,8 @@ class Communicator {
   // Sums in place across ranks (MPI_Allreduce).
   void all_reduce_sum(std::span<float> values);
   void all_reduce_sum(std::span<double> values);
-  // Rank `root` receives every rank's bytes, rank by rank (MPI_Gatherv); the others get nothing.
-  std::vector<std::byte> gather(std::span<const std::byte> bytes, int root);
+  // Every rank's bytes, rank by rank, on every rank (MPI_Allgatherv); sizes may differ.
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> bytes);
   void barrier();
 
  private:

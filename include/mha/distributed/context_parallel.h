@@ -33,6 +33,7 @@
 #include "mha/attention/attention.h"
 #include "mha/distributed/communicator.h"
 #include "mha/distributed/layout.h"
+#include "mha/nn/multihead_attention.h"
 
 namespace mha::distributed {
 
@@ -57,6 +58,15 @@ attention::Gradients<T> context_parallel_backward(Communicator& comm, Scheme sch
                                                   const Tensor<T>& output, const Tensor<double>& logsumexp,
                                                   const Tensor<T>& grad_output, const Sequence& sequence,
                                                   const attention::Options<T>& options = {});
+
+// nn::MultiheadAttention's attention core run context-parallel (nn::AttentionCore): every rank
+// gives the module the whole inputs (so the projections run whole on every rank); the core takes
+// its rows of the projected queries, keys and values in `layout`, runs context_parallel_forward
+// or _backward, and all-gathers every rank's rows back into the whole results, the same on every
+// rank. What `mha attention --context-parallel` runs. The attention's work is split P ways; the
+// projections' is not (the library calls above split both memory and work).
+template <class T>
+nn::AttentionCore<T> context_parallel_core(Communicator& comm, Scheme scheme, Layout layout);
 
 // The kv heads rank `rank` of `ranks` computes under ulysses (its query heads: these times Hq/Hkv).
 Range ulysses_heads(int64_t kv_heads, int rank, int ranks);

@@ -12,6 +12,7 @@
 // gradient) on every path, as PyTorch's need_weights=False (SDPA) path does. PyTorch's
 // need_weights=True path returns NaN for such rows (pytorch/pytorch#41508, #152028).
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -144,6 +145,20 @@ MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOpt
                                                      const MultiheadAttentionArgs<T>& args, int64_t n, int64_t len,
                                                      int64_t src_len, bool unbatched);
 
+// The attention core the module calls between its projections: sdpa_forward_into and
+// sdpa_backward_into (attention.h) unless a caller puts another implementation of the same
+// contract, with the same arguments, in their place (mha::distributed's context-parallel
+// attention). Either both functions or neither.
+template <class T>
+struct AttentionCore {
+  std::function<void(View<const T>, View<const T>, View<const T>, const attention::ForwardOutputs<T>&,
+                     const attention::Options<T>&)>
+      forward;
+  std::function<void(View<const T>, View<const T>, View<const T>, View<const T>, View<const double>, View<const T>,
+                     const attention::GradientOutputs<T>&, const attention::Options<T>&)>
+      backward;
+};
+
 // The module's computation on parameters the caller owns; MultiheadAttention's forward and
 // backward are these on views of its own tensors. Inputs are contiguous views in the layout of
 // the options (batch_first or not, or unbatched 2-D). In training, dropout is options.dropout
@@ -158,7 +173,8 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
                                                         const MultiheadAttentionArgs<T>& args, bool training,
                                                         uint64_t dropout_seed,
                                                         attention::Backend backend = attention::Backend::automatic,
-                                                        MultiheadAttentionCache<T>* cache = nullptr);
+                                                        MultiheadAttentionCache<T>* cache = nullptr,
+                                                        const AttentionCore<T>& core = {});
 
 // Gradients of sum(output ∘ grad_output) for query, key and value (returned), and for the
 // parameters (added into `grads`). `options`, `weights` and `backend` must be the forward's.
@@ -168,7 +184,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
                                                             View<const std::type_identity_t<T>> grad_output,
                                                             const MultiheadAttentionSaved<T>& saved,
                                                             const MultiheadAttentionWeightGradients<T>& grads,
-                                                            attention::Backend backend = attention::Backend::automatic);
+                                                            attention::Backend backend = attention::Backend::automatic,
+                                                            const AttentionCore<T>& core = {});
 
 template <class T>
 class MultiheadAttention : public Module<T> {
@@ -210,6 +227,8 @@ class MultiheadAttention : public Module<T> {
 
   // The backend the attention core runs on (automatic: cpu_flash for float, reference for double).
   attention::Backend backend = attention::Backend::automatic;
+  // Another implementation of the attention core, when set (AttentionCore).
+  AttentionCore<T> core;
 
  private:
   struct Param {

@@ -1,0 +1,126 @@
+// `mpirun -np 3 mha attention --context-parallel ring|ulysses` against the single-process command
+// on the same files: rank 0 writes the same tensors under the same names, forward and --backward;
+// ulysses bit for bit, the ring within FlashAttention's rule against the float64 command; and an
+// error on the ranks ends them all with the message and no output file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "../support/cli.h"
+#include "mha/core/random.h"
+#include "mha/core/safetensors.h"
+
+#ifdef MHA_MPIEXEC
+namespace mha {
+namespace {
+
+namespace st = mha::safetensors;
+using mha::testing::CliResult;
+using mha::testing::run_cli;
+using mha::testing::run_program;
+
+// mpiexec with the environment Open MPI needs here (root, more ranks than cores; as the ctest
+// "distributed.np*" tests have it).
+CliResult run_mpi(int ranks, const std::string& arguments) {
+  return run_program("env", "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 "
+                            "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none "
+                            "OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1 " MHA_MPIEXEC " -n " +
+                                std::to_string(ranks) + " " MHA_CLI_PATH " " + arguments);
+}
+
+Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
+  Tensor<float> t(shape);
+  for (auto& x : t.values()) x = static_cast<float>(gen.uniform(-1.0, 1.0));
+  return t;
+}
+
+double max_diff(const st::TensorData& a, const st::TensorData& b) {
+  const Tensor<double> x = st::to_tensor<double>(a, "a"), y = st::to_tensor<double>(b, "b");
+  EXPECT_EQ(x.shape(), y.shape());
+  double worst = 0;
+  for (int64_t i = 0; i < std::min(x.numel(), y.numel()); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+class ContextParallelCli : public mha::testing::CliTest {
+ protected:
+  // Batch-first (N=2): query (2, 37, 16), key and value (2, 45, 16), a key-padding mask, and
+  // grad_output; or self-attention (query only) with a causal attn_mask.
+  void write_inputs(bool self_attention) {
+    Generator gen(5);
+    const int64_t n = 2, L = 37, S = self_attention ? L : 45, e = 16;
+    st::File inputs;
+    inputs.tensors["query"] = st::from_tensor(random_tensor({n, L, e}, gen));
+    inputs.tensors["grad_output"] = st::from_tensor(random_tensor({n, L, e}, gen));
+    if (self_attention) {
+      Tensor<bool> causal({L, L});
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < L; ++j) causal[i * L + j] = j > i;  // True: may not attend
+      inputs.tensors["attn_mask"] = st::from_tensor(causal);
+    } else {
+      inputs.tensors["key"] = st::from_tensor(random_tensor({n, S, e}, gen));
+      inputs.tensors["value"] = st::from_tensor(random_tensor({n, S, e}, gen));
+      Tensor<bool> padding({n, S});
+      for (int64_t j = 0; j < n * S; ++j) padding[j] = j % S >= S - 4 * (j / S + 1);  // the last keys
+      inputs.tensors["key_padding_mask"] = st::from_tensor(padding);
+    }
+    st::save(inputs, path("inputs.safetensors"));
+  }
+
+  std::string command(const std::string& output, const std::string& extra) {
+    return "attention --embed-dim 16 --num-heads 4 --batch-first --no-need-weights --backward --seed 3 --inputs " +
+           path("inputs.safetensors") + " --output " + path(output) + " " + extra;
+  }
+};
+
+const char* kResults[] = {"output", "grad_query", "grad_key", "grad_value", "grad.in_proj_weight",
+                          "grad.in_proj_bias", "grad.out_proj.weight", "grad.out_proj.bias"};
+
+TEST_F(ContextParallelCli, UlyssesWritesTheSingleProcessFileBitForBit) {
+  write_inputs(/*self_attention=*/true);
+  ASSERT_EQ(run_cli(command("one.safetensors", "--is-causal")).exit_code, 0);
+  const CliResult r = run_mpi(3, command("three.safetensors", "--is-causal --context-parallel ulysses --layout zigzag"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const st::File one = st::load(path("one.safetensors")), three = st::load(path("three.safetensors"));
+  for (const char* name : kResults) {
+    ASSERT_TRUE(three.tensors.count(name)) << name;
+    EXPECT_EQ(three.tensors.at(name).shape, one.tensors.at(name).shape) << name;
+    EXPECT_EQ(three.tensors.at(name).bytes, one.tensors.at(name).bytes) << name << ": " << max_diff(three.tensors.at(name), one.tensors.at(name));
+  }
+}
+
+TEST_F(ContextParallelCli, RingIsWithinFlashAttentionsRuleOfTheSingleProcessFile) {
+  write_inputs(/*self_attention=*/false);
+  ASSERT_EQ(run_cli(command("f32.safetensors", "")).exit_code, 0);
+  ASSERT_EQ(run_cli(command("f64.safetensors", "--dtype float64")).exit_code, 0);
+  for (const char* layout : {"contiguous", "zigzag"}) {
+    const CliResult r = run_mpi(3, command("ring.safetensors", std::string("--context-parallel ring --layout ") + layout));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const st::File f32 = st::load(path("f32.safetensors")), f64 = st::load(path("f64.safetensors")),
+                   ring = st::load(path("ring.safetensors"));
+    for (const char* name : kResults) {
+      ASSERT_TRUE(ring.tensors.count(name)) << name;
+      const double error = max_diff(ring.tensors.at(name), f64.tensors.at(name));
+      const double single = max_diff(f32.tensors.at(name), f64.tensors.at(name));
+      EXPECT_LE(error, 2 * single + 1e-6) << layout << " " << name << ": ring " << error << ", single process " << single;
+    }
+  }
+}
+
+TEST_F(ContextParallelCli, AnErrorEndsEveryRankAndLeavesNoFile) {
+  write_inputs(/*self_attention=*/false);
+  // The weights are asked for by default; context-parallel attention does not return them.
+  const CliResult r = run_mpi(3, "attention --embed-dim 16 --num-heads 4 --batch-first --context-parallel ring --inputs " +
+                                     path("inputs.safetensors") + " --output " + path("out.safetensors"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("options.need_weights: context-parallel attention does not return the weights"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+}
+
+}  // namespace
+}  // namespace mha
+#endif
