@@ -315,22 +315,67 @@ Trainer::Trainer(const TrainingConfig& config, const data::LabelledImages& train
 
 int64_t Trainer::steps_per_epoch() const { return (train_.count + config_.batch_size - 1) / config_.batch_size; }
 
+void Trainer::set_data_parallel(DataParallel parallel) {
+  check(parallel.ranks >= 1 && parallel.rank >= 0 && parallel.rank < parallel.ranks,
+        "Trainer::set_data_parallel: expected rank in [0, ranks) and ranks >= 1, got rank ", parallel.rank, " of ",
+        parallel.ranks);
+  check(parallel.ranks == 1 || static_cast<bool>(parallel.all_reduce_sum),
+        "Trainer::set_data_parallel: all_reduce_sum: expected a function for ", parallel.ranks, " ranks, got none");
+  parallel_ = std::move(parallel);
+}
+
 float Trainer::train_step(const Tensor<float>& images, const Tensor<int64_t>& labels, int64_t* correct) {
   const double lr = schedule_.lr_at(step_);
   optimizer_->set_lr(lr);
-  nn::CrossEntropyCache<float> loss_cache;
-  const Tensor<float> logits = model_->forward(images, &cache_);
-  const float loss = nn::cross_entropy(logits, labels, &loss_cache);
-  if (correct) {
-    const int64_t classes = logits.size(1);
-    *correct = 0;
-    for (int64_t i = 0; i < logits.size(0); ++i) *correct += argmax(logits.data() + i * classes, classes) == labels[i];
-  }
   optimizer_->zero_grad();
-  model_->backward(nn::cross_entropy_backward(loss_cache), cache_, /*want_input_grad=*/false);
+  // This rank's rows of the batch (all of them in one process).
+  const int64_t n = images.size(0), P = parallel_.ranks, r = parallel_.rank;
+  const int64_t begin = n * r / P, rows = n * (r + 1) / P - begin;
+  float loss = 0;                         // the mean over this rank's rows
+  double loss_sum = 0, correct_sum = 0;  // sums over this rank's rows
+  if (rows > 0) {
+    Tensor<float> mine = images;
+    Tensor<int64_t> my_labels = labels;
+    if (P > 1) {
+      Shape shape = images.shape();
+      shape[0] = rows;
+      const int64_t per_row = images.numel() / std::max<int64_t>(n, 1);
+      mine = Tensor<float>(shape);
+      std::copy_n(images.data() + begin * per_row, rows * per_row, mine.data());
+      my_labels = Tensor<int64_t>({rows});
+      std::copy_n(labels.data() + begin, rows, my_labels.data());
+    }
+    nn::CrossEntropyCache<float> loss_cache;
+    const Tensor<float> logits = model_->forward(mine, &cache_);
+    loss = nn::cross_entropy(logits, my_labels, &loss_cache);
+    loss_sum = static_cast<double>(loss) * static_cast<double>(rows);
+    const int64_t classes = logits.size(1);
+    for (int64_t i = 0; i < rows; ++i) correct_sum += argmax(logits.data() + i * classes, classes) == my_labels[i];
+    // The gradient of this rank's rows' share of the whole batch's mean: (rows / n) · d(mean of mine).
+    Tensor<float> grad = nn::cross_entropy_backward(loss_cache);
+    if (P > 1)
+      for (auto& g : grad.values()) g *= static_cast<float>(rows) / static_cast<float>(n);
+    model_->backward(grad, cache_, /*want_input_grad=*/false);
+  }
+  if (P > 1) {
+    // One buffer: every parameter's gradient, then the loss and the correct count; summed in
+    // double (exact for the counts; the gradients' sum rounded once to float).
+    std::vector<nn::Parameter<float>> params = model_->parameters();
+    std::vector<double> bucket;
+    for (const auto& p : params) bucket.insert(bucket.end(), p.grad->values().begin(), p.grad->values().end());
+    bucket.push_back(loss_sum);
+    bucket.push_back(correct_sum);
+    parallel_.all_reduce_sum(bucket);
+    size_t at = 0;
+    for (auto& p : params)
+      for (auto& g : p.grad->values()) g = static_cast<float>(bucket[at++]);
+    loss_sum = bucket[at];
+    correct_sum = bucket[at + 1];
+  }
   optimizer_->step();
   ++step_;
-  return loss;
+  if (correct) *correct = static_cast<int64_t>(correct_sum);
+  return P > 1 ? static_cast<float>(loss_sum / static_cast<double>(n)) : loss;
 }
 
 EpochStats Trainer::run_epoch(const std::function<void(const BatchProgress&)>& progress, int64_t max_steps) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -22,6 +23,9 @@
 #include "mha/train/trainer.h"
 #include "mha/viz/charts.h"
 #include "output_path.h"
+#if MHA_WITH_MPI
+#include "mha/distributed/communicator.h"
+#endif
 
 namespace mha::tools {
 namespace {
@@ -146,8 +150,14 @@ void write_step_log(const std::vector<StepRecord>& records, const std::string& p
   });
 }
 
-void run(TrainArgs& args) {
+// Started by mpirun (Open MPI's or MPICH's launcher sets these): then data-parallel training.
+bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
+
+void run(TrainArgs& args, train::DataParallel parallel) {
   const auto start = std::chrono::steady_clock::now();
+  // Under mpirun every rank trains on its rows of each batch; rank 0 alone prints and writes.
+  const bool writer = parallel.rank == 0;
+  if (!writer && std::freopen("/dev/null", "w", stdout) == nullptr) throw Error("mha train: cannot silence rank's stdout");
   if (args.threads > 0) omp_set_num_threads(args.threads);
   const fs::path dir = args.checkpoint_dir;
   const fs::path checkpoint = dir / "checkpoint.safetensors";
@@ -176,12 +186,13 @@ void run(TrainArgs& args) {
   const data::LabelledImages test_data = data::load_fashion_mnist(args.data_dir, data::Split::test);
   train::Trainer trainer(config, train_data, test_data);
   if (args.resume) trainer.load_checkpoint(checkpoint.string());
-  if (args.max_steps == 0) {
+  trainer.set_data_parallel(parallel);
+  if (args.max_steps == 0 && writer) {
     fs::create_directories(dir, error);
     check(!error, "--checkpoint-dir: cannot create '", dir.string(), "': ", error.message());
   }
-  if (!args.save_initial.empty()) nn::save_state_dict_file(trainer.model().state_dict(), args.save_initial);
-  if (!args.dump_batch_order.empty()) write_batch_orders(trainer, args.dump_batch_order);
+  if (!args.save_initial.empty() && writer) nn::save_state_dict_file(trainer.model().state_dict(), args.save_initial);
+  if (!args.dump_batch_order.empty() && writer) write_batch_orders(trainer, args.dump_batch_order);
 
   const auto& m = config.model;
   int64_t parameters = 0;
@@ -198,6 +209,9 @@ void run(TrainArgs& args) {
               static_cast<long long>(config.epochs), static_cast<long long>(trainer.steps_per_epoch()),
               static_cast<long long>(config.batch_size), config.lr, static_cast<long long>(config.warmup_steps),
               config.min_lr, config.weight_decay, static_cast<unsigned long long>(config.seed), omp_get_max_threads());
+  if (parallel.ranks > 1)
+    std::printf("  data-parallel over %d ranks: each batch of %lld split by rows, gradients summed across them\n",
+                parallel.ranks, static_cast<long long>(config.batch_size));
   if (args.resume)
     std::printf("  resuming %s after epoch %lld (step %lld)\n", escape(checkpoint.string()).c_str(),
                 static_cast<long long>(trainer.epoch()), static_cast<long long>(trainer.step()));
@@ -222,11 +236,11 @@ void run(TrainArgs& args) {
     ProgressBar bar(config.epochs);
     const train::EpochStats s = trainer.run_epoch(
         [&](const train::BatchProgress& p) {
-          bar.update(p);
+          if (writer) bar.update(p);
           if (!args.step_log.empty()) steps.push_back({p.step, p.lr, p.batch_loss});
         },
         args.max_steps);
-    if (!args.step_log.empty()) write_step_log(steps, args.step_log);
+    if (!args.step_log.empty() && writer) write_step_log(steps, args.step_log);
     train_seconds += s.seconds;
     trained_samples += static_cast<int64_t>(std::llround(s.samples_per_second * s.seconds));
     if (trainer.epoch() != s.epoch) {  // stopped by --max-steps inside the epoch
@@ -240,7 +254,7 @@ void run(TrainArgs& args) {
                 static_cast<long long>(s.epoch), static_cast<long long>(config.epochs), s.train_loss,
                 100.0 * s.train_accuracy, s.test_loss, 100.0 * s.test_accuracy, s.seconds, s.samples_per_second, s.lr);
     std::fflush(stdout);
-    if (args.max_steps == 0) {
+    if (args.max_steps == 0 && writer) {
       trainer.save_checkpoint(checkpoint.string());
       write_pictures(trainer, dir);
     }
@@ -334,7 +348,22 @@ void add_train_command(CLI::App& app) {
                   "train at most N epochs in this run, then stop (continue later with --resume)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--threads", args->threads, "OpenMP threads (default: all cores)")->check(CLI::Range(1, 4096));
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args] {
+#if MHA_WITH_MPI
+    if (under_mpirun()) {
+      auto& comm = distributed::Communicator::world();
+      const train::DataParallel parallel{comm.rank(), comm.size(),
+                                         [&comm](std::span<double> values) { comm.all_reduce_sum(values); }};
+      // An error on any rank ends every rank (none is left waiting in the gradients' sum).
+      distributed::run_or_abort(comm, [&] {
+        run(*args, parallel);
+        return 0;
+      });
+      return;
+    }
+#endif
+    run(*args, {});
+  });
 }
 
 }  // namespace mha::tools

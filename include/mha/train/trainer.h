@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,18 @@ struct Checkpoint {
 // and what is wrong).
 Checkpoint read_checkpoint(const std::string& path);
 
+// Data parallelism (`mha train` under mpirun): this process is rank `rank` of `ranks`. Every batch
+// is split by rows across the ranks (rank r takes rows [r·n/P, (r+1)·n/P)); each rank's gradient
+// of its rows' share of the batch's mean loss is summed across the ranks by all_reduce_sum, in one
+// buffer, before the optimizer steps, so every rank holds the same weights after every step and
+// the steps are those of the whole batch up to float rounding (bitwise reproducible for a given
+// P). Dropout masks are drawn per rank for its own rows (reproducible for a given P, not equal
+// across P). The train layer knows no MPI: the caller supplies the sum (mha::distributed).
+struct DataParallel {
+  int rank = 0, ranks = 1;
+  std::function<void(std::span<double>)> all_reduce_sum;  // in place, across the ranks
+};
+
 class Trainer {
  public:
   // The data sets are copied (after applying train_limit / test_limit); the model is
@@ -128,6 +141,11 @@ class Trainer {
   // of correct predictions.
   float train_step(const Tensor<float>& images, const Tensor<int64_t>& labels, int64_t* correct = nullptr);
 
+  // Splits every later batch across the ranks of `parallel` (DataParallel); train_step then takes
+  // the whole batch on every rank and returns the whole batch's loss and correct count.
+  void set_data_parallel(DataParallel parallel);
+  const DataParallel& data_parallel() const { return parallel_; }
+
   // Trains the next epoch (the model in training mode), then evaluates on the test set and
   // appends to history(). `progress` is called after every batch. With max_steps > 0 the epoch
   // stops once step() reaches it; it then returns the partial epoch's training numbers without
@@ -149,6 +167,7 @@ class Trainer {
   std::vector<EpochStats> history_;
   Evaluation last_evaluation_;
   models::AttentionClassifier<float>::Cache cache_;  // reused from step to step
+  DataParallel parallel_;
 };
 
 }  // namespace mha::train
