@@ -14,7 +14,8 @@
 #               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py),
 #               then sentence embeddings beside sentence-transformers and ONNX Runtime
 #               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
-#               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py);
+#               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
+#               context-parallel attention under mpirun (scripts/bench/bench_distributed.sh);
 #               installs the peers (install_python_deps.sh --bench)
 #   make clean  remove build/
 BUILD_DIR  ?= build
@@ -79,7 +80,7 @@ test-sanitize: deps model
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh $(FUZZ_TARGETS)
 
-demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block semantic_search
+demo: TARGETS = sentence_self_attention cross_attention pre_norm_residual_block semantic_search generate context_parallel
 demo: deps model build python-package
 	./scripts/demo.sh $(BUILD_DIR)
 
@@ -93,6 +94,7 @@ bench: deps model build python-package
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_decode.py $(BUILD_DIR)
+	./scripts/bench/bench_distributed.sh $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -149,6 +149,13 @@ void Communicator::all_reduce_sum(std::span<double> values) {
   traffic_.collective_bytes += static_cast<int64_t>(values.size_bytes());
 }
 
+double Communicator::all_reduce_max(double value) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  traffic_.collectives += 1;
+  traffic_.collective_bytes += static_cast<int64_t>(sizeof value);
+  return value;
+}
+
 std::vector<std::vector<std::byte>> Communicator::all_gather_bytes(std::span<const std::byte> bytes) {
   const int64_t mine = static_cast<int64_t>(bytes.size());
   const std::vector<int64_t> sizes = all_gather(std::span<const int64_t>(&mine, 1));

@@ -264,10 +264,13 @@ attention::Gradients<T> ring_backward(Communicator& comm, const Call& c, const T
       transfer.test();
     });
     transfer.wait();
-    // The accumulator goes on with its block; after the last step's hop it is home.
-    pass_on(comm, c, step, grads, grads_next).wait();
+    // The accumulator goes on with its block; after the last step's hop it is home (with one
+    // rank it is home already).
+    if (c.ranks > 1) {
+      pass_on(comm, c, step, grads, grads_next).wait();
+      std::swap(grads, grads_next);
+    }
     std::swap(current, next);
-    std::swap(grads, grads_next);
   }
   g.grad_key = grads.copy(grads.keys(c.rank));
   g.grad_value = grads.copy(grads.values(c.rank));

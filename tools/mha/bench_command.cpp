@@ -29,6 +29,9 @@
 #include "mha/core/half.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
+#if MHA_WITH_MPI
+#include "mha/distributed/context_parallel.h"
+#endif
 
 namespace mha::tools {
 namespace {
@@ -39,6 +42,11 @@ struct BenchArgs {
   bool quick = false;   // small shapes only: a smoke run for tests
   bool decode = false;  // decode steps against a KV cache instead (run_decode_bench)
   int repeats = 5;
+  // --context-parallel (under mpirun): run_context_parallel_bench
+  std::string context_parallel, layout = "zigzag";
+  std::vector<int64_t> lengths{16384, 65536};
+  int64_t heads = 4, kv_heads = 4, head_dim = 64;
+  bool causal = true, backward = true;
 };
 
 // Median wall time of `repeats` runs after one warm-up run.
@@ -305,6 +313,110 @@ void run_decode_bench(const BenchArgs& args) {
   write_report(report, args.json_path);
 }
 
+#if MHA_WITH_MPI
+// Context-parallel attention under mpirun: for each sequence length, each rank builds random
+// rows of its own (its layout's share of a B = 1 call), and the forward (and backward) are timed
+// as the slowest rank's time (a barrier before each run), with what each rank sent and its peak
+// resident memory beyond what it held before. Rank 0 prints and writes the JSON.
+void run_context_parallel_bench(const BenchArgs& args) {
+  using namespace distributed;
+  Communicator& comm = Communicator::world();
+  const int P = comm.size(), rank = comm.rank();
+  const Scheme scheme = args.context_parallel == "ulysses" ? Scheme::ulysses : Scheme::ring;
+  const Layout layout = args.layout == "contiguous" ? Layout::contiguous : Layout::zigzag;
+  check(args.heads % args.kv_heads == 0, "--kv-heads: expected a divisor of --heads ", args.heads, ", got ",
+        args.kv_heads);
+  nlohmann::json report;
+  report["ranks"] = P;
+  report["threads_per_rank"] = omp_get_max_threads();
+  report["scheme"] = args.context_parallel;
+  report["layout"] = args.layout;
+  if (rank == 0) {
+    std::printf("mha bench --context-parallel %s: %d ranks x %d threads, layout %s, B = 1, Hq = %lld, Hkv = %lld, d = "
+                "%lld%s, float32\n",
+                args.context_parallel.c_str(), P, omp_get_max_threads(), args.layout.c_str(),
+                static_cast<long long>(args.heads), static_cast<long long>(args.kv_heads),
+                static_cast<long long>(args.head_dim), args.causal ? ", causal" : "");
+    std::printf("%8s %10s %10s %10s %10s %10s %10s\n", "L", "fwd ms", "bwd ms", "TFLOP/s", "sent MiB", "peak MiB",
+                "model MiB");
+  }
+  // The slowest rank's time of one run (every rank starts together).
+  auto slowest = [&](const std::function<void()>& run) {
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    return comm.all_reduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  auto median = [&](const std::function<void()>& run) {
+    std::vector<double> t;
+    for (int r = 0; r < args.repeats; ++r) t.push_back(slowest(run));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  for (int64_t L : args.lengths) {
+    const Sequence seq{L, L, layout};
+    const int64_t n = shard_length(L, layout, rank, P), d = args.head_dim;
+    Generator gen(1000 + static_cast<uint64_t>(rank));
+    auto random = [&](const Shape& shape) {
+      Tensor<float> t(shape);
+      for (auto& x : t.values()) x = static_cast<float>(gen.uniform(-1.0, 1.0));
+      return t;
+    };
+    const Tensor<float> q = random({1, args.heads, n, d}), k = random({1, args.kv_heads, n, d}),
+                        v = random({1, args.kv_heads, n, d}), dout = random({1, args.heads, n, d});
+    attention::Options<float> options;
+    options.causal = args.causal ? attention::Causal::top_left : attention::Causal::none;
+    malloc_trim(0);
+    const int64_t before = status_bytes("VmRSS");
+    std::ofstream("/proc/self/clear_refs") << "5";
+    attention::ForwardResult<float> out;
+    comm.reset_traffic();
+    const double fwd = median([&] { out = context_parallel_forward(comm, scheme, q, k, v, seq, options); });
+    const Traffic forward_traffic = comm.traffic();
+    double bwd = 0;
+    comm.reset_traffic();
+    if (args.backward)
+      bwd = median([&] { context_parallel_backward(comm, scheme, q, k, v, out.output, out.logsumexp, dout, seq, options); });
+    const Traffic backward_traffic = comm.traffic();
+    const int64_t peak = status_bytes("VmHWM") - before;
+    // Per rank: the largest over the ranks of what one run sent and of the peak memory.
+    const int64_t mine[] = {(forward_traffic.message_bytes + forward_traffic.collective_bytes) / args.repeats,
+                            (backward_traffic.message_bytes + backward_traffic.collective_bytes) / args.repeats, peak};
+    const std::vector<int64_t> all = comm.all_gather(std::span<const int64_t>(mine, 3));
+    int64_t sent_fwd = 0, sent_bwd = 0, peak_max = 0;
+    for (int r = 0; r < P; ++r) {
+      sent_fwd = std::max(sent_fwd, all[static_cast<size_t>(r) * 3]);
+      sent_bwd = std::max(sent_bwd, all[static_cast<size_t>(r) * 3 + 1]);
+      peak_max = std::max(peak_max, all[static_cast<size_t>(r) * 3 + 2]);
+    }
+    // The ring's model, per rank (docs/distributed.md), in bytes, with N = L/P rows: forward
+    // 4Nd(5H + 6Hkv) (q, k, v, the output and a block's, the double accumulator, two blocks of
+    // keys and values), backward 16Nd(H + 3Hkv) (q, k, v, output, grad_output, the three
+    // gradients, and four blocks: keys and values, and their gradients, each current and next).
+    const double N = static_cast<double>(L) / P, H = static_cast<double>(args.heads), Hkv = static_cast<double>(args.kv_heads);
+    const double model = scheme == Scheme::ring
+                             ? std::max(4 * N * d * (5 * H + 6 * Hkv), args.backward ? 16 * N * d * (H + 3 * Hkv) : 0.0)
+                             : 0.0;
+    const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L) * d * H / (args.causal ? 2 : 1);
+    const double rate = flops * (args.backward ? 3.5 : 1.0) / (fwd + bwd) / 1e12;
+    if (rank == 0)
+      std::printf("%8lld %10.1f %10.1f %10.3f %10.1f %10.1f %10s\n", static_cast<long long>(L), fwd * 1e3,
+                  bwd * 1e3, rate, static_cast<double>(sent_fwd + sent_bwd) / 1048576.0,
+                  static_cast<double>(peak_max) / 1048576.0,
+                  model > 0 ? std::to_string(std::lround(model / 1048576.0)).c_str() : "-");
+    report["rows"].push_back({{"length", L}, {"forward_ms", fwd * 1e3}, {"backward_ms", bwd * 1e3},
+                              {"sent_bytes_forward", sent_fwd}, {"sent_bytes_backward", sent_bwd},
+                              {"peak_bytes", peak_max}, {"model_bytes", model}, {"tflops", rate}});
+  }
+  if (rank == 0) {
+    std::printf("(times: the slowest rank, median of %d; sent: one forward + one backward, per rank, largest over "
+                "the ranks; peak: resident memory beyond what the rank held before, largest over the ranks)\n",
+                args.repeats);
+    write_report(report, args.json_path);
+  }
+}
+#endif
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -319,7 +431,38 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--decode", args->decode,
                 "decode steps against a KV cache (float32 and bfloat16) beside the machine's read bandwidth, "
                 "instead of the attention and module shapes");
-  cmd->callback([args] { args->decode ? run_decode_bench(*args) : run_bench(*args); });
+  cmd->add_option("--context-parallel", args->context_parallel,
+                  "under mpirun: time context-parallel attention (ring or ulysses) over --lengths instead")
+      ->check(CLI::IsMember({"ring", "ulysses"}));
+  cmd->add_option("--layout", args->layout, "with --context-parallel: each rank's rows")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}))
+      ->capture_default_str();
+  cmd->add_option("--lengths", args->lengths, "with --context-parallel: sequence lengths L = S (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  cmd->add_option("--heads", args->heads, "with --context-parallel: query heads")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--kv-heads", args->kv_heads, "with --context-parallel: key/value heads")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "with --context-parallel: head size")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_flag("--causal,!--no-causal", args->causal, "with --context-parallel: top-left causal (default on)");
+  cmd->add_flag("--backward,!--no-backward", args->backward, "with --context-parallel: also time the backward");
+  cmd->callback([args] {
+    if (!args->context_parallel.empty()) {
+#if MHA_WITH_MPI
+      auto& comm = distributed::Communicator::world();
+      distributed::run_or_abort(comm, [&] {
+        run_context_parallel_bench(*args);
+        return 0;
+      });
+      return;
+#else
+      throw Error("--context-parallel: this mha was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+    }
+    args->decode ? run_decode_bench(*args) : run_bench(*args);
+  });
 }
 
 }  // namespace mha::tools

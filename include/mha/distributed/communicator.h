@@ -64,6 +64,8 @@ class Communicator {
   // Sums in place across ranks (MPI_Allreduce).
   void all_reduce_sum(std::span<float> values);
   void all_reduce_sum(std::span<double> values);
+  // The largest of every rank's `value` (MPI_Allreduce with MPI_MAX).
+  double all_reduce_max(double value);
   // Every rank's bytes, rank by rank, on every rank (MPI_Allgatherv); sizes may differ.
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> bytes);
   void barrier();
