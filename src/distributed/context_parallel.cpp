@@ -212,6 +212,30 @@ Options<T> block_options(const Options<T>& options, const Call& c, Range rows, R
   return o;
 }
 
+// The ring's loop: at each step the block of keys and values held (rank owner_at(step)'s) goes on
+// to rank + 1 while attend(keys, values, query rows, local offset, key rows, owner) runs on every
+// pair of this rank's query rows and the block's key rows that causality leaves visible; then
+// after_step(step).
+template <class T, class Attend, class AfterStep>
+void around_the_ring(Communicator& comm, const Call& c, Causal causal, const Tensor<T>& k, const Tensor<T>& v,
+                     Attend&& attend, AfterStep&& after_step) {
+  KvBlock<T> current(c), next(c);
+  current.fill(c.rank, k, v);
+  for (int step = 0; step < c.ranks; ++step) {
+    const int owner = owner_at(c, step);
+    Communicator::Transfer transfer;
+    if (step + 1 < c.ranks) transfer = pass_on(comm, c, step, current, next);
+    for_each_visible_pair(c, causal, owner, [&](Range q_rows, int64_t qa, Range keys, int64_t ka) {
+      attend(current.keys(owner).slice(2, ka, keys.length), current.values(owner).slice(2, ka, keys.length), q_rows,
+             qa, keys, ka, owner);
+      transfer.test();  // lets MPI move a large block along between the calls
+    });
+    transfer.wait();
+    after_step(step);
+    std::swap(current, next);
+  }
+}
+
 template <class T>
 attention::ForwardResult<T> ring_forward(Communicator& comm, const Call& c, const Tensor<T>& q, const Tensor<T>& k,
                                          const Tensor<T>& v, const Options<T>& options) {
@@ -220,25 +244,17 @@ attention::ForwardResult<T> ring_forward(Communicator& comm, const Call& c, cons
   std::fill(lse.values().begin(), lse.values().end(), -std::numeric_limits<double>::infinity());
   Tensor<T> block_out({c.batch, c.query_heads, nq, c.v_dim});
   Tensor<double> block_lse({c.batch, c.query_heads, nq});
-  KvBlock<T> current(c), next(c);
-  current.fill(c.rank, k, v);
-  for (int step = 0; step < c.ranks; ++step) {
-    const int owner = owner_at(c, step);
-    Communicator::Transfer transfer;
-    if (step + 1 < c.ranks) transfer = pass_on(comm, c, step, current, next);
-    for_each_visible_pair(c, options.causal, owner, [&](Range q_rows, int64_t qa, Range keys, int64_t ka) {
-      const int64_t n = q_rows.length;
-      const View<T> out = rows(block_out, qa, n);
-      const View<double> out_lse = rows(block_lse, qa, n);
-      attention::sdpa_forward_into<T>(rows(q, qa, n), current.keys(owner).slice(2, ka, keys.length),
-                                      current.values(owner).slice(2, ka, keys.length), {out, out_lse, {}},
-                                      block_options(options, c, q_rows, keys));
-      attention::merge_partial<T>(rows(merged, qa, n), rows(lse, qa, n), out, out_lse);
-      transfer.test();  // lets MPI move a large block along between the calls
-    });
-    transfer.wait();
-    std::swap(current, next);
-  }
+  around_the_ring(
+      comm, c, options.causal, k, v,
+      [&](View<T> keys, View<T> values, Range q_rows, int64_t qa, Range key_rows, int64_t, int) {
+        const int64_t n = q_rows.length;
+        const View<T> out = rows(block_out, qa, n);
+        const View<double> out_lse = rows(block_lse, qa, n);
+        attention::sdpa_forward_into<T>(rows(q, qa, n), keys, values, {out, out_lse, {}},
+                                        block_options(options, c, q_rows, key_rows));
+        attention::merge_partial<T>(rows(merged, qa, n), rows(lse, qa, n), out, out_lse);
+      },
+      [](int) {});
   return {cast<T>(merged), std::move(lse), std::nullopt};
 }
 
@@ -247,31 +263,24 @@ attention::Gradients<T> ring_backward(Communicator& comm, const Call& c, const T
                                       const Tensor<T>& v, const Tensor<T>& out, const Tensor<double>& lse,
                                       const Tensor<T>& dout, const Options<T>& options) {
   attention::Gradients<T> g{Tensor<T>(q.shape()), Tensor<T>(), Tensor<T>()};
-  KvBlock<T> current(c), next(c), grads(c), grads_next(c);  // grads: the dK, dV accumulator of current's owner
-  current.fill(c.rank, k, v);
-  for (int step = 0; step < c.ranks; ++step) {
-    const int owner = owner_at(c, step);
-    Communicator::Transfer transfer;
-    if (step + 1 < c.ranks) transfer = pass_on(comm, c, step, current, next);
-    for_each_visible_pair(c, options.causal, owner, [&](Range q_rows, int64_t qa, Range keys, int64_t ka) {
-      const int64_t n = q_rows.length;
-      attention::sdpa_backward_into<T>(
-          rows(q, qa, n), current.keys(owner).slice(2, ka, keys.length),
-          current.values(owner).slice(2, ka, keys.length), rows(out, qa, n), rows(lse, qa, n), rows(dout, qa, n),
-          {rows(g.grad_query, qa, n), grads.keys(owner).slice(2, ka, keys.length),
-           grads.values(owner).slice(2, ka, keys.length), /*accumulate=*/true},
-          block_options(options, c, q_rows, keys));
-      transfer.test();
-    });
-    transfer.wait();
-    // The accumulator goes on with its block; after the last step's hop it is home (with one
-    // rank it is home already).
-    if (c.ranks > 1) {
-      pass_on(comm, c, step, grads, grads_next).wait();
-      std::swap(grads, grads_next);
-    }
-    std::swap(current, next);
-  }
+  KvBlock<T> grads(c), grads_next(c);  // the dK, dV accumulator of the block held, and the next's
+  around_the_ring(
+      comm, c, options.causal, k, v,
+      [&](View<T> keys, View<T> values, Range q_rows, int64_t qa, Range key_rows, int64_t ka, int owner) {
+        const int64_t n = q_rows.length;
+        attention::sdpa_backward_into<T>(
+            rows(q, qa, n), keys, values, rows(out, qa, n), rows(lse, qa, n), rows(dout, qa, n),
+            {rows(g.grad_query, qa, n), grads.keys(owner).slice(2, ka, key_rows.length),
+             grads.values(owner).slice(2, ka, key_rows.length), /*accumulate=*/true},
+            block_options(options, c, q_rows, key_rows));
+      },
+      [&](int step) {
+        // The accumulator goes on with its block; after the last step's hop it is home (with one
+        // rank it is home already).
+        if (c.ranks == 1) return;
+        pass_on(comm, c, step, grads, grads_next).wait();
+        std::swap(grads, grads_next);
+      });
   g.grad_key = grads.copy(grads.keys(c.rank));
   g.grad_value = grads.copy(grads.values(c.rank));
   return g;
@@ -280,28 +289,28 @@ attention::Gradients<T> ring_backward(Communicator& comm, const Call& c, const T
 // ---------------------------------------------------------------------------------------------
 // Ulysses
 
-// Appends heads [h.start, +h.length) of t (B, H, N, X), rows `rows` of each, to `buffer`.
-template <class T>
-void pack(std::vector<std::byte>& buffer, const T* t, const Shape& shape, Range heads, const std::vector<Range>& rows) {
+// Appends heads [heads.start, +heads.length) of t, (B, H, N) rows of X bytes, rows `rows` of
+// each, to `buffer`.
+void pack(std::vector<std::byte>& buffer, const std::byte* t, const Shape& shape, Range heads,
+          const std::vector<Range>& rows) {
   const int64_t H = shape[1], N = shape[2], X = shape[3];
   for (int64_t b = 0; b < shape[0]; ++b)
     for (int64_t h = heads.start; h < heads.start + heads.length; ++h)
       for (const Range& r : rows) {
-        const auto* src = reinterpret_cast<const std::byte*>(t + ((b * H + h) * N + r.start) * X);
-        buffer.insert(buffer.end(), src, src + sizeof(T) * static_cast<size_t>(r.length * X));
+        const std::byte* src = t + ((b * H + h) * N + r.start) * X;
+        buffer.insert(buffer.end(), src, src + r.length * X);
       }
 }
 
 // pack's inverse: reads what pack wrote into t's heads and rows; returns the end of what it read.
-template <class T>
-const std::byte* unpack(const std::byte* in, T* t, const Shape& shape, Range heads, const std::vector<Range>& rows) {
+const std::byte* unpack(const std::byte* in, std::byte* t, const Shape& shape, Range heads,
+                        const std::vector<Range>& rows) {
   const int64_t H = shape[1], N = shape[2], X = shape[3];
   for (int64_t b = 0; b < shape[0]; ++b)
     for (int64_t h = heads.start; h < heads.start + heads.length; ++h)
       for (const Range& r : rows) {
-        const size_t n = sizeof(T) * static_cast<size_t>(r.length * X);
-        std::memcpy(t + ((b * H + h) * N + r.start) * X, in, n);
-        in += n;
+        std::memcpy(t + ((b * H + h) * N + r.start) * X, in, static_cast<size_t>(r.length * X));
+        in += r.length * X;
       }
   return in;
 }
@@ -332,11 +341,6 @@ void exchange(Communicator& comm, Send&& send, const std::vector<int64_t>& recei
 
 std::vector<Range> all_rows(int64_t n) { return {{0, n}}; }
 
-template <class T>
-int64_t bytes_for(const Call& c, int64_t heads, int64_t rows, int64_t width) {
-  return static_cast<int64_t>(sizeof(T)) * c.batch * heads * rows * width;
-}
-
 // This rank's heads for ulysses: kv heads and query heads.
 struct Heads {
   Range kv, query;
@@ -356,14 +360,14 @@ Options<T> head_options(const Options<T>& options, const Call& c, Range heads) {
   return o;
 }
 
-// Sequence shards to head shards: each (tensor, head count per kv head, width, rows are keys)
-// gathered whole along the sequence for this rank's heads.
+// One (B, heads, rows, width) tensor that Ulysses exchanges: its memory, whether its rows are key
+// rows (else query rows) and its heads kv heads (else query heads), and its row's size.
 struct Operand {
   const void* data;
-  bool keys;      // rows are key rows (else query rows)
-  bool kv_heads;  // heads are kv heads (else query heads)
-  int64_t width;  // elements per row
-  size_t element;
+  bool keys;
+  bool kv_heads;
+  int64_t width;   // elements per row
+  size_t element;  // bytes per element
 };
 
 // Gathers each operand's whole sequence for this rank's heads; returns them as byte vectors of
