@@ -297,6 +297,7 @@ void pack(std::vector<std::byte>& buffer, const std::byte* t, const Shape& shape
   for (int64_t b = 0; b < shape[0]; ++b)
     for (int64_t h = heads.start; h < heads.start + heads.length; ++h)
       for (const Range& r : rows) {
+        if (r.length == 0) continue;  // an empty tensor's data may be null
         const std::byte* src = t + ((b * H + h) * N + r.start) * X;
         buffer.insert(buffer.end(), src, src + r.length * X);
       }
@@ -309,6 +310,7 @@ const std::byte* unpack(const std::byte* in, std::byte* t, const Shape& shape, R
   for (int64_t b = 0; b < shape[0]; ++b)
     for (int64_t h = heads.start; h < heads.start + heads.length; ++h)
       for (const Range& r : rows) {
+        if (r.length == 0) continue;  // nothing received: `in` may be null
         std::memcpy(t + ((b * H + h) * N + r.start) * X, in, static_cast<size_t>(r.length * X));
         in += r.length * X;
       }

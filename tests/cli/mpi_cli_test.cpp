@@ -28,13 +28,11 @@ using mha::testing::CliResult;
 using mha::testing::run_cli;
 using mha::testing::run_program;
 
-// mpiexec with the environment Open MPI needs here (root, more ranks than cores; as the ctest
-// "distributed.np*" tests have it).
+// mpiexec with the environment the ctest "distributed.np*" tests have (MHA_MPI_TEST_ENVIRONMENT in
+// CMakeLists.txt: root, more ranks than cores, no leak report of Open MPI's under the sanitizers).
 CliResult run_mpi(int ranks, const std::string& arguments) {
-  return run_program("env", "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 "
-                            "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none "
-                            "OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1 " MHA_MPIEXEC " -n " +
-                                std::to_string(ranks) + " " MHA_CLI_PATH " " + arguments);
+  return run_program("env", MHA_MPI_ENVIRONMENT " " MHA_MPIEXEC " -n " + std::to_string(ranks) + " " MHA_CLI_PATH " " +
+                                arguments);
 }
 
 Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
