@@ -43,12 +43,20 @@ class SentenceEncoder:
     def encode(self, sentences, batch_size=32):
         """Embeddings (len(sentences), dimension), float32, of a list of str (a single str gives
         shape (dimension,)). batch_size sentences are encoded together (sorted by length, as
-        sentence-transformers does); the result does not depend on it. The GIL is released."""
+        sentence-transformers does); the result does not depend on it. The GIL is released.
+        A sentence with a lone surrogate (not valid UTF-8) raises ArgumentError naming its index."""
         single = isinstance(sentences, str)
         items = [sentences] if single else list(sentences)
         for i, s in enumerate(items):
             if not isinstance(s, str):
                 raise TypeError(f"sentences[{i}]: expected str, got {type(s).__name__}")
+            # A str can hold a lone surrogate ("\ud800", e.g. from a surrogateescape decode) that
+            # UTF-8 cannot encode; the binding would refuse it with a TypeError that names nothing.
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ArgumentError(f"sentences[{i}]: not valid UTF-8: a lone surrogate {s[e.start]!r} at index "
+                                    f"{e.start}") from None
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ArgumentError(f"batch_size: expected an int >= 1, got {batch_size!r}")
         try:

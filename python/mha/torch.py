@@ -164,6 +164,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     reason = _unsupported(query, key, value, mask)
     if reason is not None:
         _fall_back(reason)
+        if isinstance(attn_mask, CausalBias) and torch.nn.functional.scaled_dot_product_attention is not _torch_sdpa:
+            # Inside patch(), a CausalBias passed on as is would reach PyTorch's kernel as a plain
+            # tensor of meaningless values: its __torch_function__ recognises
+            # F.scaled_dot_product_attention by identity, and that is now this function. So it goes
+            # as what it stands for, as CausalBias's own dispatch sends it: is_causal (top-left), or
+            # the bottom-right mask, materialised as PyTorch does when no fused kernel takes it.
+            if causal == "bottom_right":
+                length, source = attn_mask.seq_len_q, attn_mask.seq_len_kv
+                attn_mask = torch.ones(length, source, dtype=torch.bool, device=query.device).tril(source - length)
+            else:
+                attn_mask, is_causal = None, True
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
     # Drawn from the default generator only when used, so that without dropout the random
@@ -191,6 +202,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 _PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
                "bias_v", "out_proj_weight", "out_proj_bias")
+# The same by their state_dict names, for messages.
+_PARAMETER_NAMES = tuple(name.replace("out_proj_", "out_proj.") for name in _PARAMETERS)
 
 
 def _memory(t):
@@ -380,10 +393,16 @@ def _mha_check_dtypes(query, key, value, parameters):
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise _core.ArgumentTypeError(f"key, value: expected the dtype of query ({query.dtype}), got key {key.dtype} "
                                       f"and value {value.dtype}")
-    for p in parameters:
-        if p is not None and p.dtype != query.dtype:
-            raise _core.ArgumentTypeError(f"query: expected the dtype of the module's parameters ({p.dtype}), got "
-                                          f"{query.dtype} (convert the module with .to(dtype) or the inputs)")
+    dtypes = {p.dtype for p in parameters if p is not None}
+    if dtypes == {query.dtype}:
+        return
+    if len(dtypes) == 1:
+        raise _core.ArgumentTypeError(f"query: expected the dtype of the module's parameters ({dtypes.pop()}), got "
+                                      f"{query.dtype} (convert the module with .to(dtype) or the inputs)")
+    # Parameters of different dtypes (one submodule converted): each named with its own.
+    named = ", ".join(f"{name} {p.dtype}" for name, p in zip(_PARAMETER_NAMES, parameters) if p is not None)
+    raise _core.ArgumentTypeError(f"the module's parameters: expected one dtype, that of query ({query.dtype}), got "
+                                  f"{named} (convert the module with .to(dtype))")
 
 
 def _mha_mask(name, mask, dtype):

@@ -68,6 +68,12 @@ def test_against_sentence_transformers_directly(encoder):
 def test_bad_arguments(encoder, tmp_path):
     with pytest.raises(TypeError, match=r"sentences\[1\]: expected str, got int"):
         encoder.encode(["fine", 3])
+    # A lone surrogate cannot be encoded as UTF-8: a ValueError naming the sentence, not the
+    # binding's TypeError about its argument types.
+    with pytest.raises(ValueError, match=r"sentences\[1\]: not valid UTF-8: a lone surrogate '\\ud800' at index 1"):
+        encoder.encode(["fine", "a\ud800b"])
+    with pytest.raises(mha.ArgumentError, match=r"sentences\[0\]"):
+        encoder.encode("\udcff")
     for bad in (0, -1, 2.5, True):
         with pytest.raises(mha.ArgumentError, match="batch_size"):
             encoder.encode(["x"], batch_size=bad)

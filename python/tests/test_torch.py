@@ -216,6 +216,29 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setattr(mha.torch, "_warned", set())
 
 
+# Inside patch(), F.scaled_dot_product_attention is mha's, and CausalBias's __torch_function__,
+# which recognises PyTorch's by identity, no longer applies: mha honours the bias in its own path
+# (float32, float64) and in the fallback to PyTorch (float16, bfloat16). Forward and gradients
+# against PyTorch's unpatched SDPA with the same bias; L > S only upper-left (lower-right rows
+# then see no key: NaN in PyTorch, zero in mha).
+@pytest.mark.parametrize("bias, L, S", [(causal_upper_left, 3, 7), (causal_upper_left, 7, 3),
+                                        (causal_lower_right, 3, 7), (causal_lower_right, 5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_causal_bias_inside_patch(bias, L, S, dtype, fresh_warnings):
+    q, k, v = (make(2, 3, n, 8, seed=i).to(dtype) for i, n in enumerate((L, S, S)))
+    dout = make(2, 3, L, 8, seed=9).to(dtype)
+    expected = forward_and_grads(F.scaled_dot_product_attention, (q, k, v), dout, attn_mask=bias(L, S))
+    with warnings.catch_warnings(), mha.torch.patch():
+        warnings.filterwarnings("ignore", "mha.torch.scaled_dot_product_attention: dtype")
+        got = forward_and_grads(F.scaled_dot_product_attention, (q, k, v), dout, attn_mask=bias(L, S))
+    for name, a, e in zip(("output", "grad_query", "grad_key", "grad_value"), got, expected):
+        assert a.dtype == dtype and a.shape == e.shape, name
+        if dtype == torch.float32:  # mha's path: within rounding of PyTorch's
+            torch.testing.assert_close(a, e, rtol=0, atol=1e-5 * max(1.0, e.abs().max().item()), msg=name)
+        else:  # PyTorch's own SDPA on the same inputs and mask
+            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("kind", ["float16", "bfloat16", "meta", "float_mask_requires_grad"])
 def test_falls_back_to_pytorch_with_one_warning(kind, fresh_warnings):
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(kind, torch.float64)

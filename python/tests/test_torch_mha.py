@@ -451,6 +451,21 @@ def test_bad_inputs_raise_python_exceptions():
         assert message in str(info.value)
 
 
+def test_parameters_of_mixed_dtypes_are_each_named_with_their_own():
+    # One submodule converted: the message used to call every parameter float32, the dtype of
+    # the first one that differs from the query's.
+    _, module = modules(dict(embed_dim=8, num_heads=2), torch.float64)
+    module.out_proj.float()
+    q = make(3, 2, 8)
+    with pytest.raises(TypeError) as info:
+        module(q, q, q)
+    assert str(info.value) == (
+        "the module's parameters: expected one dtype, that of query (torch.float64), got in_proj_weight "
+        "torch.float64, in_proj_bias torch.float64, out_proj.weight torch.float32, out_proj.bias torch.float32 "
+        "(convert the module with .to(dtype))")
+    assert isinstance(info.value, RuntimeError)  # as PyTorch's own error for it
+
+
 @pytest.mark.parametrize("query_shape, key_shape", [((2, 0, 8), (2, 3, 8)), ((2, 3, 8), (2, 0, 8)),
                                                     ((0, 3, 8), (0, 4, 8))])
 def test_empty_sequences_and_batches(query_shape, key_shape):

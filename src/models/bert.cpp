@@ -77,16 +77,61 @@ BertModel<T>::BertModel(const BertConfig& config)
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers.push_back(bert_layer<T>(config));
 }
 
+namespace {
+
+// The sizes of config.json against the shapes in the weights file's header (read without the
+// weights), before the model allocates from them: a config.json with vocab_size or
+// num_hidden_layers 1e9 would otherwise allocate gigabytes (and fail with bad_alloc) before a
+// weight was read. Every size the model allocates from is checked here.
+void check_config_against_weights(const BertConfig& c, const std::string& config_path,
+                                  const safetensors::MappedFile& file) {
+  const std::string prefix = file.contains("bert.embeddings.word_embeddings.weight") ? "bert." : "";
+  // Dimension `dim` of tensor `name` is config field `field` (value `value`).
+  auto expect = [&](const std::string& name, size_t dim, const char* field, int64_t value) {
+    const auto it = file.tensors().find(prefix + name);
+    check(it != file.tensors().end(), file.path(), ": tensor '", prefix + name, "' is missing (its size ", field,
+          " is ", value, " in ", config_path, ")");
+    const Shape& shape = it->second.shape;
+    check(dim < shape.size() && shape[dim] == value, config_path, ": field '", field, "' (", value,
+          ") does not match ", file.path(), ": tensor '", prefix + name, "' has shape ", shape);
+  };
+  expect("embeddings.word_embeddings.weight", 0, "vocab_size", c.vocab_size);
+  expect("embeddings.word_embeddings.weight", 1, "hidden_size", c.hidden_size);
+  expect("embeddings.position_embeddings.weight", 0, "max_position_embeddings", c.max_position_embeddings);
+  expect("embeddings.token_type_embeddings.weight", 0, "type_vocab_size", c.type_vocab_size);
+  expect("encoder.layer.0.intermediate.dense.weight", 0, "intermediate_size", c.intermediate_size);
+  // Layer i is there if its query weight is; the count stops at the first one missing, so it
+  // costs at most one look-up per tensor of the file.
+  int64_t layers = 0;
+  while (layers < c.num_hidden_layers &&
+         file.contains(prefix + "encoder.layer." + std::to_string(layers) + ".attention.self.query.weight"))
+    ++layers;
+  check(layers == c.num_hidden_layers, config_path, ": field 'num_hidden_layers' (", c.num_hidden_layers,
+        ") does not match ", file.path(), ": it has ", layers, " layer", layers == 1 ? "" : "s", " (no tensor '",
+        prefix, "encoder.layer.", layers, ".attention.self.query.weight')");
+}
+
+}  // namespace
+
 template <class T>
 BertModel<T> BertModel<T>::from_directory(const std::string& directory) {
-  BertModel<T> model(BertConfig::from_file(directory + "/config.json"));
-  model.load_safetensors(directory + "/model.safetensors");
+  const std::string config_path = directory + "/config.json";
+  const BertConfig config = BertConfig::from_file(config_path);
+  const safetensors::MappedFile file(directory + "/model.safetensors");
+  check_config_against_weights(config, config_path, file);
+  BertModel<T> model(config);
+  model.load_safetensors(file);
   return model;
 }
 
 template <class T>
 void BertModel<T>::load_safetensors(const std::string& path) {
-  const safetensors::MappedFile file(path);
+  load_safetensors(safetensors::MappedFile(path));
+}
+
+template <class T>
+void BertModel<T>::load_safetensors(const safetensors::MappedFile& file) {
+  const std::string& path = file.path();
   const std::string prefix = file.contains("bert.embeddings.word_embeddings.weight") ? "bert." : "";
   std::set<std::string> used;
   // The tensor `name` (under the prefix) of `shape`, as T.

@@ -3,9 +3,11 @@
 #include <utf8proc.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <system_error>
 
 #include "mha/core/error.h"
 
@@ -19,6 +21,9 @@ std::vector<std::string> read_lines(const std::string& path) {
     check(!std::cin.bad(), "standard input: cannot read");
     text = buffer.str();
   } else {
+    // A stream opened on a directory reads as empty rather than failing.
+    std::error_code error;
+    check(!std::filesystem::is_directory(path, error), path, ": cannot read the file: it is a directory");
     std::ifstream in(path, std::ios::binary);
     check(in.good(), path, ": cannot open the file");
     std::stringstream buffer;

@@ -80,6 +80,19 @@ TEST_F(AttentionCliErrors, InputFileErrors) {
   st::save(no_query, path("no_query.safetensors"));
   expect_failure(flags + path("no_query.safetensors"), "no tensor named 'query'");
 
+  // A misspelt name is refused, not ignored (key_padding_msk would otherwise run unmasked); the
+  // name is escaped and the accepted ones are listed.
+  for (const std::string name : {"key_padding_msk", "bad\x1b[2Jname"}) {
+    st::File misspelt;
+    misspelt.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}));
+    misspelt.tensors[name] = st::from_tensor(Tensor<bool>({2, 3}, true));
+    st::save(misspelt, path("misspelt.safetensors"));
+    const std::string shown = name == "key_padding_msk" ? name : "bad\\x1b[2Jname";
+    expect_failure(flags + path("misspelt.safetensors"),
+                   "misspelt.safetensors: unknown tensor '" + shown +
+                       "' (--inputs takes query, key, value, key_padding_mask, attn_mask, grad_output)");
+  }
+
   st::File no_grad;
   no_grad.tensors["query"] = st::from_tensor(Tensor<float>({3, 2, 4}));
   st::save(no_grad, path("no_grad.safetensors"));

@@ -90,6 +90,30 @@ TEST_F(CliErrors, BadFlagsAndSubcommands) {
   expect_failure("bench --backend fast", "--backend");
 }
 
+// Integer flags of tokenize and embed name the flag and the bound, not CLI11's range of doubles
+// (PositiveNumber's upper end is 309 digits long).
+TEST_F(CliErrors, IntegerFlagsSayWhatTheyExpect) {
+  const std::string in = " --model " + path("nowhere") + " --input " + path("in.txt") + " --output " +
+                         path("out.safetensors");
+  expect_failure("embed" + in + " --batch-size 0", "--batch-size: expected an integer >= 1, got 0 (see --help)");
+  expect_failure("embed" + in + " --batch-size -3", "--batch-size: expected an integer >= 1, got -3 (see --help)");
+  expect_failure("embed" + in + " --batch-size 2.5", "--batch-size: expected an integer >= 1, got 2.5 (see --help)");
+  expect_failure("tokenize" + in + " --max-length 1",
+                 "--max-length: expected an integer in [2, 1099511627776], got 1 (see --help)");
+  expect_failure("tokenize" + in + " --max-length many",
+                 "--max-length: expected an integer in [2, 1099511627776], got many (see --help)");
+}
+
+// A directory opens as a stream that reads as empty: without the check, tokenize and embed wrote
+// empty outputs and exited 0. The input is checked before the model is read.
+TEST_F(CliErrors, TextInputThatIsADirectory) {
+  for (const char* command : {"tokenize", "embed"}) {
+    expect_failure(std::string(command) + " --model " + path("nowhere") + " --input " + path("a_directory") +
+                       " --output " + path("out.safetensors"),
+                   "--input: expected a text file, got a directory: '" + path("a_directory") + "'");
+  }
+}
+
 TEST_F(CliErrors, HelpStillPrintsUsageAndSucceeds) {
   const CliResult r = run_cli("attention --help");
   EXPECT_EQ(r.exit_code, 0);

@@ -98,10 +98,19 @@ TEST_F(SentenceCli, BadInputIsOneLineNamingItAndLeavesNoFile) {
     EXPECT_NE(m.output.find("vocab.txt: cannot open"), std::string::npos) << m.output;
     EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
   }
+  // A directory as --input used to read as an empty file: exit 0 with empty outputs.
+  std::filesystem::create_directory(path("a_directory"));
+  for (const char* command : {"tokenize", "embed"}) {
+    const CliResult r = run_cli(std::string(command) + " --model " + model() + " --input " + path("a_directory") +
+                                " --output " + path("out.safetensors"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("--input: expected a text file, got a directory"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+  }
   const CliResult b = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
                               path("out.safetensors") + " --batch-size 0");
   EXPECT_NE(b.exit_code, 0);
-  EXPECT_NE(b.output.find("--batch-size"), std::string::npos) << b.output;
+  EXPECT_EQ(b.output, "mha: error: --batch-size: expected an integer >= 1, got 0 (see --help)\n");
   const CliResult d = run_cli("tokenize --model " + model() + " --input " + path("in.txt") + " --output " +
                               path("no/such/dir/out.safetensors"));
   EXPECT_NE(d.exit_code, 0);

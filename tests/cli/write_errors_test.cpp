@@ -79,19 +79,18 @@ class WriteErrors : public testing::CliTest {
 
 // ---- mha attention --output, mha heatmap --output (no data set needed) ----------------------
 
-// The input files of both: a query for `mha attention`, attention weights for `mha heatmap`.
+// The input files: a query for `mha attention`, attention weights for `mha heatmap`.
 class WriteErrorsOfOutput : public WriteErrors {
  protected:
   void SetUp() override {
-    st::save(st::File{{{"query", st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f))},
-                       {"attn_weights", st::from_tensor(Tensor<float>({2, 3, 3}, 0.25f))}},
-                      {}},
-             path("inputs.safetensors"));
+    st::save(st::File{{{"query", st::from_tensor(Tensor<float>({3, 2, 4}, 0.5f))}}, {}}, path("inputs.safetensors"));
+    st::save(st::File{{{"attn_weights", st::from_tensor(Tensor<float>({2, 3, 3}, 0.25f))}}, {}},
+             path("weights.safetensors"));
   }
   std::string attention() const {
     return "attention --embed-dim 4 --num-heads 2 --inputs " + path("inputs.safetensors") + " --output ";
   }
-  std::string heatmap() const { return "heatmap --input " + path("inputs.safetensors") + " --output "; }
+  std::string heatmap() const { return "heatmap --input " + path("weights.safetensors") + " --output "; }
 };
 
 TEST_F(WriteErrorsOfOutput, AttentionToFullDevice) {

@@ -268,7 +268,8 @@ TEST_F(BrokenModel, WeightErrorsNameTheFileAndTensor) {
   write_config({{"num_hidden_layers", "2"}});
   write_weights("", "");
   EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
-                           {"model.safetensors", "'encoder.layer.1.attention.self.query.weight' is missing"}));
+                           {"config.json: field 'num_hidden_layers' (2) does not match", "model.safetensors: it has 1 layer",
+                            "no tensor 'encoder.layer.1.attention.self.query.weight'"}));
   write_config({});
   write_weights("", "");
   {
@@ -283,6 +284,47 @@ TEST_F(BrokenModel, WeightErrorsNameTheFileAndTensor) {
   EXPECT_TRUE(throws_error([&] { model.embed(Tensor<int64_t>({1, 13})); }, {"input_ids", "at most", "12", "got 13"}));
   EXPECT_TRUE(throws_error([&] { mha::models::key_padding_mask(Tensor<int64_t>({1, 2}, {1, 2}), {1, 2}); },
                            {"attention_mask", "0 or 1", "got 2"}));
+}
+
+// config.json's sizes are checked against model.safetensors' header before anything is allocated:
+// each of these sizes used to allocate terabytes from config.json alone (std::bad_alloc, not an
+// mha::Error naming the field).
+TEST_F(BrokenModel, ConfigSizesAreCheckedAgainstTheWeightsBeforeAllocating) {
+  const std::string huge = "1000000000000";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"vocab_size", {"config.json: field 'vocab_size' (" + huge + ") does not match",
+                      "model.safetensors: tensor 'embeddings.word_embeddings.weight' has shape [7, 8]"}},
+      {"hidden_size", {"config.json: field 'hidden_size' (" + huge + ") does not match",
+                       "model.safetensors: tensor 'embeddings.word_embeddings.weight' has shape [7, 8]"}},
+      {"max_position_embeddings", {"config.json: field 'max_position_embeddings' (" + huge + ") does not match",
+                                   "model.safetensors: tensor 'embeddings.position_embeddings.weight' has shape [12, 8]"}},
+      {"type_vocab_size", {"config.json: field 'type_vocab_size' (" + huge + ") does not match",
+                           "model.safetensors: tensor 'embeddings.token_type_embeddings.weight' has shape [2, 8]"}},
+      {"intermediate_size", {"config.json: field 'intermediate_size' (" + huge + ") does not match",
+                             "model.safetensors: tensor 'encoder.layer.0.intermediate.dense.weight' has shape [16, 8]"}},
+      {"num_hidden_layers", {"config.json: field 'num_hidden_layers' (" + huge + ") does not match",
+                             "model.safetensors: it has 1 layer (no tensor 'encoder.layer.1.attention.self.query.weight')"}},
+  };
+  auto expect_error = [](const auto& load, const std::vector<std::string>& parts) {
+    try {
+      load();
+      ADD_FAILURE() << "no error";
+    } catch (const mha::Error& e) {
+      for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  for (const auto& [field, parts] : cases) {
+    SCOPED_TRACE(field);
+    write_config({{field, huge}});
+    expect_error([&] { BertModel<float>::from_directory(dir()); }, parts);
+    expect_error([&] { SentenceEncoder encoder(dir()); }, parts);
+  }
+  // A tensor the sizes are read from, missing, is named before anything is allocated too.
+  write_config({{"vocab_size", huge}});
+  write_weights("embeddings.word_embeddings.weight", "");
+  EXPECT_TRUE(throws_error([&] { BertModel<float>::from_directory(dir()); },
+                           {"model.safetensors: tensor 'embeddings.word_embeddings.weight' is missing",
+                            "vocab_size is " + huge}));
 }
 
 // Pooling by hand: hidden (1, 3, 2) with the last token padding.

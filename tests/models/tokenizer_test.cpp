@@ -157,6 +157,9 @@ TEST_F(TokenizerFiles, LinesAreReadAsTheCommandLineReadsThem) {
   EXPECT_TRUE(throws_error([&] { mha::models::read_lines(path("bad.txt")); },
                            {"bad.txt", "line 3", "invalid UTF-8 at byte 4"}));
   EXPECT_TRUE(throws_error([&] { mha::models::read_lines(path("missing.txt")); }, {"missing.txt", "cannot open"}));
+  // A directory opens as a stream that reads as empty: an error, not zero lines.
+  std::filesystem::create_directory(path("a_directory"));
+  EXPECT_TRUE(throws_error([&] { mha::models::read_lines(path("a_directory")); }, {"a_directory", "is a directory"}));
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 #include "attention_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -71,7 +73,7 @@ Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for
                    as PyTorch initialises it.
   --inputs file:   query; key and value (default: query, i.e. self-attention);
                    key_padding_mask, attn_mask (BOOL: True = may not attend; float: added);
-                   grad_output (required with --backward).
+                   grad_output (required with --backward); any other name is an error.
                    Layout (L, N, E), (N, L, E) with --batch-first, (L, E) unbatched.
   --output file:   output; attn_weights (with --need-weights); with --backward: grad_query,
                    grad_key, grad_value and grad.<parameter name> (e.g. grad.in_proj_weight).
@@ -129,6 +131,13 @@ void run(const AttentionArgs& args) {
 
   // Each input is decoded once, from the mapped file straight into its tensor.
   const st::MappedFile inputs(args.inputs_path);
+  // A misspelt name would otherwise be ignored (a key_padding_msk would run unmasked), as
+  // --weights refuses names it does not know.
+  static const char* const accepted[] = {"query", "key", "value", "key_padding_mask", "attn_mask", "grad_output"};
+  for (const auto& entry : inputs.tensors()) {
+    check(std::find(std::begin(accepted), std::end(accepted), entry.first) != std::end(accepted), args.inputs_path,
+          ": unknown tensor '", entry.first, "' (--inputs takes query, key, value, key_padding_mask, attn_mask, grad_output)");
+  }
   const Tensor<T> query = read_float<T>(inputs.require("query", args.inputs_path), "query");
   auto optional_input = [&](const char* name) {
     auto it = inputs.tensors().find(name);

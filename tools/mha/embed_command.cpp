@@ -11,6 +11,8 @@
 #include "mha/core/safetensors.h"
 #include "mha/models/sentence_encoder.h"
 #include "mha/models/text_lines.h"
+#include "input_path.h"
+#include "int_option.h"
 #include "output_path.h"
 
 namespace mha::tools {
@@ -32,6 +34,7 @@ when it is a terminal.)";
 
 void run(const EmbedArgs& args) {
   check_output_directory(args.output, "--output");
+  check_text_input(args.input, "--input");
   const std::vector<std::string> sentences = models::read_lines(args.input);
   const models::SentenceEncoder encoder(args.model);
   const bool show_progress = ::isatty(STDERR_FILENO) != 0 && sentences.size() > 256;
@@ -56,7 +59,7 @@ void add_embed_command(CLI::App& app) {
   cmd->add_option("--input", args->input, "text file, one sentence per line ('-': standard input)")->required();
   cmd->add_option("--output", args->output, "where to write the embeddings (.safetensors)")->required();
   cmd->add_option("--batch-size", args->batch_size, "sentences encoded together")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_bounds(1))
       ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }

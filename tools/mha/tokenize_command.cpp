@@ -7,6 +7,8 @@
 #include "mha/core/safetensors.h"
 #include "mha/models/sentence_encoder.h"
 #include "mha/models/text_lines.h"
+#include "input_path.h"
+#include "int_option.h"
 #include "output_path.h"
 
 namespace mha::tools {
@@ -29,6 +31,7 @@ max_position_embeddings. An empty input gives shapes (0, 0). Written atomically.
 
 void run(const TokenizeArgs& args) {
   check_output_directory(args.output, "--output");
+  check_text_input(args.input, "--input");
   const std::vector<std::string> lines = models::read_lines(args.input);
   // The tokenizer and maximum length a SentenceEncoder of this directory uses, without loading
   // the weights.
@@ -51,7 +54,7 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--input", args->input, "text file, one sentence per line ('-': standard input)")->required();
   cmd->add_option("--output", args->output, "where to write input_ids and attention_mask (.safetensors)")->required();
   cmd->add_option("--max-length", args->max_length, "tokens per sentence, [CLS] and [SEP] included (default: the model's)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
+      ->check(integer_bounds(2, int64_t{1} << 40));
   cmd->callback([args] { run(*args); });
 }
 

@@ -27,6 +27,10 @@
 #include "mha/nn/packed_transformer.h"
 #include "mha/nn/transformer.h"
 
+namespace mha::safetensors {
+class MappedFile;
+}
+
 namespace mha::models {
 
 struct BertConfig {
@@ -49,10 +53,13 @@ class BertModel {
  public:
   // Weights zero (load them next).
   explicit BertModel(const BertConfig& config);
-  // config.json and model.safetensors of `directory`.
+  // config.json and model.safetensors of `directory`. config.json's sizes are checked against
+  // the shapes in model.safetensors' header before anything is allocated; a mismatch is an
+  // error naming config.json, the field, model.safetensors and the tensor.
   static BertModel from_directory(const std::string& directory);
   // Every weight from a safetensors file (Hugging Face's names); errors name the file and tensor.
   void load_safetensors(const std::string& path);
+  void load_safetensors(const safetensors::MappedFile& file);  // the same, from a file already open
 
   const BertConfig& config() const { return config_; }
 
