@@ -6,7 +6,7 @@
 # layer and may include what it may). It may include
 #   - "mha/<other>/..." only for an <other> its layer may use (the table below);
 #   - its own folder's internal headers by a relative path or, in src/, a path from src/
-#     ("attention/cpu_flash/kernels-inl.h" for Highway's re-inclusion), never another layer's;
+#     ("attention/tiles/kernels-inl.h" for Highway's re-inclusion), never another layer's;
 #   - in tests/, only public headers and tests/support (no "../../src/...").
 # Prints every violation as file:line and fails if there is one. ctest "layers" runs it on the
 # project; the "layers.rejects.*" tests run it on the small broken trees in tests/layer_check/

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "fuzz.h"
+#include "max_diff.h"  // tests/support (fuzz/CMakeLists.txt)
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
 #include "mha/core/safetensors.h"
@@ -117,22 +118,14 @@ int plant_specials(FuzzInput& in, const std::vector<Tensor<float>*>& targets) {
 // ------------------------------------------------------------------------------------------
 // Comparison
 
-template <class A, class B>
-double max_diff(const Tensor<A>& a, const Tensor<B>& b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
-    if (x == y || (std::isnan(x) && std::isnan(y))) continue;
-    const double d = std::abs(x - y);
-    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
-  }
-  return worst;
-}
+// max|a − b| (equal infinities and NaN against NaN as 0, a NaN on one side only as infinite): the
+// unit tests' measure, tests/support/max_diff.h.
+using mha::testing::max_diff;
 
 // A known divergence of cpu_flash from the reference, the same as PyTorch's own flash kernel's:
-// cpu_flash skips the key blocks that causality hides from a whole block of queries, so a NaN or
-// Inf there does not reach those queries, where the reference (and PyTorch's math path)
-// propagate it (NaN + −inf = NaN, 0·inf = NaN). Not asserted on causal cases.
+// cpu_flash skips the key blocks that causality or per-sequence lengths hide from a whole block of
+// queries, so a NaN or Inf there does not reach those queries, where the reference (and PyTorch's
+// math path) propagate it (NaN + −inf = NaN, 0·inf = NaN). Not asserted on such cases.
 //
 // How a case is checked. strict: inputs of the unit tests' kind, held to the FlashAttention rule;
 // otherwise same kinds of value.
@@ -351,6 +344,22 @@ void sdpa_case(FuzzInput& in) {
   options.dropout_p = in.pick<double>({0.0, 0.0, 0.0, 0.2, 0.5, 1.0, -0.1, 1.5, std::nan("")});
   options.dropout_seed = in.u64();
   options.need_weights = in.flag();
+  // Per-sequence lengths (padded batches): absent, in range, or out of range / of a wrong size
+  // (refused by every backend alike).
+  auto fuzzed_lengths = [&](int64_t whole) {
+    std::vector<int64_t> lengths;
+    const int64_t kind = in.in_range(0, 3);
+    if (kind == 0) return lengths;
+    const int64_t count = kind == 3 ? in.in_range(0, 4) : B;
+    for (int64_t b = 0; b < count; ++b) lengths.push_back(kind == 2 ? in.in_range(-1, whole + 1) : in.in_range(0, whole));
+    return lengths;
+  };
+  const std::vector<int64_t> query_lengths = fuzzed_lengths(L), key_lengths = fuzzed_lengths(S);
+  const int64_t query_length_count = static_cast<int64_t>(query_lengths.size());
+  const int64_t key_length_count = static_cast<int64_t>(key_lengths.size());
+  if (!query_lengths.empty())
+    options.query_lengths = mha::View<const int64_t>(query_lengths.data(), {query_length_count});
+  if (!key_lengths.empty()) options.key_lengths = mha::View<const int64_t>(key_lengths.data(), {key_length_count});
 
   // Values.
   mha::Generator gen(in.u64());
@@ -375,7 +384,8 @@ void sdpa_case(FuzzInput& in) {
   // A scale of 1e4 makes large logits as surely as large entries do.
   const bool strict =
       logit_magnitude <= 1.0 && planted == 0 && !(options.scale && std::abs(*options.scale) > 1.0);
-  const bool causal = options.causal != att::Causal::none;
+  // Keys outside a query's range (causality, lengths) are skipped by cpu_flash: see Checks.
+  const bool causal = options.causal != att::Causal::none || !query_lengths.empty() || !key_lengths.empty();
   if (attend) options.attend_mask = *attend;
   if (additive) options.additive_mask = *additive;
 
@@ -386,6 +396,7 @@ void sdpa_case(FuzzInput& in) {
                  << (additive ? describe(additive->shape()) : std::string("none")) << " causal "
                  << static_cast<int>(options.causal) << " scale " << options.scale.value_or(-999)
                  << " dropout " << options.dropout_p << " need_weights " << options.need_weights
+                 << " query_lengths " << query_length_count << " key_lengths " << key_length_count
                  << " magnitude " << logit_magnitude << " planted " << planted;
   const std::string context = context_stream.str();
 
@@ -418,12 +429,11 @@ void sdpa_case(FuzzInput& in) {
   std::optional<Tensor<double>> additive64;
   if (additive) additive64 = mha::cast<double>(*additive);
   att::Options<double> options64;
+  static_cast<att::Scoring&>(options64) = options;
   options64.attend_mask = options.attend_mask;
   if (additive64) options64.additive_mask = *additive64;
-  options64.causal = options.causal;
-  options64.scale = options.scale;
-  options64.dropout_p = options.dropout_p;
-  options64.dropout_seed = options.dropout_seed;
+  options64.query_lengths = options.query_lengths;
+  options64.key_lengths = options.key_lengths;
   options64.need_weights = options.need_weights;
   const auto ref64_error = run_sdpa(q64, k64, v64, dout64, options64, att::Backend::reference, ref64);
   same_errors(flash_error, ref32_error, ref64_error, context);

@@ -265,6 +265,16 @@ def _masks(layout, attn_mask):
     return (mask, None) if mask.dtype == np.bool_ else (None, mask)
 
 
+def _scoring(causal, scale, dropout_p, dropout_seed):
+    """The call's settings as the binding takes them: one _mha.Scoring (mha::attention::Scoring)."""
+    scoring = _mha.Scoring()
+    scoring.causal = getattr(_mha.Causal, causal)
+    scoring.scale = scale
+    scoring.dropout_p = float(dropout_p)
+    scoring.dropout_seed = int(dropout_seed or 0)
+    return scoring
+
+
 def _call(fn, *arguments):
     # mha's own checks come back as ValueError; they are argument errors like the ones above.
     # Positional: nanobind matches keywords by name, which costs microseconds on a small call.
@@ -285,9 +295,8 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_mha.sdpa_forward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
           _to_flat(layout, "value", value), output.reshape(B, H, L, layout.value_dim),
-          logsumexp.reshape(B, H, L), attend, additive,
-          getattr(_mha.Causal, causal), scale, float(dropout_p),
-          int(dropout_seed or 0), num_threads)
+          logsumexp.reshape(B, H, L), attend, additive, _scoring(causal, scale, dropout_p, dropout_seed),
+          num_threads)
     return output, logsumexp
 
 
@@ -323,7 +332,6 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
           viewable(logsumexp).reshape(B, H, L),
           viewable(grad_output).reshape(B, H, L, layout.value_dim),
           grads["query"], grads["key"], grads["value"],
-          attend, additive, getattr(_mha.Causal, causal), scale,
-          float(dropout_p), int(dropout_seed or 0), num_threads)
+          attend, additive, _scoring(causal, scale, dropout_p, dropout_seed), num_threads)
     return tuple(_fold_gradient(layout, name, grads[name], x.shape)
                  for name, x in (("query", query), ("key", key), ("value", value)))

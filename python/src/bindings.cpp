@@ -35,6 +35,7 @@ using namespace nb::literals;
 namespace {
 
 using mha::attention::Causal;
+using mha::attention::Scoring;
 
 template <class T>
 using In = nb::ndarray<const T, nb::device::cpu>;
@@ -70,28 +71,22 @@ class OpenMPThreads {
 
 template <class T>
 mha::attention::Options<T> options(const std::optional<In<bool>>& attend_mask,
-                                   const std::optional<In<T>>& additive_mask, Causal causal,
-                                   std::optional<double> scale, double dropout_p, uint64_t dropout_seed) {
+                                   const std::optional<In<T>>& additive_mask, const Scoring& scoring) {
   mha::attention::Options<T> opt;
+  static_cast<Scoring&>(opt) = scoring;
   if (attend_mask) opt.attend_mask = view<const bool>(*attend_mask);
   if (additive_mask) opt.additive_mask = view<const T>(*additive_mask);
-  opt.causal = causal;
-  opt.scale = scale;
-  opt.dropout_p = dropout_p;
-  opt.dropout_seed = dropout_seed;
   return opt;
 }
 
 template <class T>
 void sdpa_forward(const In<T>& query, const In<T>& key, const In<T>& value, const Out<T>& output,
                   const Out<double>& logsumexp, const std::optional<In<bool>>& attend_mask,
-                  const std::optional<In<T>>& additive_mask, Causal causal, std::optional<double> scale,
-                  double dropout_p, uint64_t dropout_seed, int num_threads) {
+                  const std::optional<In<T>>& additive_mask, const Scoring& scoring, int num_threads) {
   OpenMPThreads threads(num_threads);
   mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp), {}};
-  mha::attention::sdpa_forward_into<T>(
-      view<const T>(query), view<const T>(key), view<const T>(value), out,
-      options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
+  mha::attention::sdpa_forward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value), out,
+                                       options<T>(attend_mask, additive_mask, scoring));
 }
 
 template <class T>
@@ -99,14 +94,21 @@ void sdpa_backward(const In<T>& query, const In<T>& key, const In<T>& value, con
                    const In<double>& logsumexp, const In<T>& grad_output, const Out<T>& grad_query,
                    const Out<T>& grad_key, const Out<T>& grad_value,
                    const std::optional<In<bool>>& attend_mask, const std::optional<In<T>>& additive_mask,
-                   Causal causal, std::optional<double> scale, double dropout_p, uint64_t dropout_seed,
-                   int num_threads) {
+                   const Scoring& scoring, int num_threads) {
   OpenMPThreads threads(num_threads);
   mha::attention::GradientOutputs<T> grads{view<T>(grad_query), view<T>(grad_key), view<T>(grad_value)};
   mha::attention::sdpa_backward_into<T>(
       view<const T>(query), view<const T>(key), view<const T>(value), view<const T>(output),
-      view<const double>(logsumexp), view<const T>(grad_output), grads,
-      options<T>(attend_mask, additive_mask, causal, scale, dropout_p, dropout_seed));
+      view<const double>(logsumexp), view<const T>(grad_output), grads, options<T>(attend_mask, additive_mask, scoring));
+}
+
+// A settings struct as a Python class whose attributes are its fields, each bound from the
+// struct's own list (visit_fields): a new Scoring field reaches Python with no edit here.
+template <class Settings>
+void bind_settings(nb::module_& m, const char* name) {
+  nb::class_<Settings> cls(m, name);
+  cls.def(nb::init<>());
+  Settings::visit_fields([&](const char* field, auto member) { cls.def_rw(field, member); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,11 +276,7 @@ nb::tuple multihead_attention_backward(
     saved.v = view<const T>(v);
     saved.logsumexp = view<const double>(logsumexp);
     saved.merged = view<const T>(merged);
-    if (masks.attend_mask) saved.attend_mask = *masks.attend_mask;
-    if (masks.additive_mask) saved.additive_mask = *masks.additive_mask;
-    saved.causal = masks.causal;
-    saved.dropout_p = dropout_p;
-    saved.dropout_seed = dropout_p > 0 ? dropout_seed : 0;
+    saved.core = masks.core_options(dropout_p, dropout_seed);
     out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output),
                                                    saved, grad_views);
   }
@@ -291,14 +289,12 @@ template <class T>
 void define(nb::module_& m) {
   m.def("sdpa_forward", &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "attend_mask"_a.noconvert().none(),
-        "additive_mask"_a.noconvert().none(), "causal"_a, "scale"_a.none(), "dropout_p"_a, "dropout_seed"_a,
-        "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
+        "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L).");
   m.def("sdpa_backward", &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
         "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),
-        "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "causal"_a,
-        "scale"_a.none(), "dropout_p"_a, "dropout_seed"_a, "num_threads"_a,
+        "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a,
         nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention backward into `grad_query`, `grad_key` and `grad_value`.");
   // Not call_guard'ed: they release the GIL themselves, around the computation only (their
@@ -352,6 +348,8 @@ NB_MODULE(_mha, m) {
       .value("none", Causal::none)
       .value("top_left", Causal::top_left)
       .value("bottom_right", Causal::bottom_right);
+  bind_settings<mha::attention::WholeCall>(m, "WholeCall");
+  bind_settings<Scoring>(m, "Scoring");
   define<float>(m);
   define<double>(m);
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.

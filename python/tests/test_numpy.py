@@ -263,15 +263,14 @@ def test_the_binding_never_converts():
     out, lse = np.empty((1, 1, 2, 4), dtype=np.float32), np.empty((1, 1, 2))
     with pytest.raises(TypeError):
         _mha.sdpa_forward(query=q.astype(np.float64), key=k, value=v, output=out, logsumexp=lse, attend_mask=None,
-                          additive_mask=None, causal=_mha.Causal.none, scale=None, dropout_p=0.0, dropout_seed=0,
-                          num_threads=1)
+                          additive_mask=None, scoring=_mha.Scoring(), num_threads=1)
     # mha's own checks come back as ValueError: an output that overlaps an input.
     with pytest.raises(ValueError, match="overlaps an input"):
         _mha.sdpa_forward(query=q, key=k, value=v, output=q, logsumexp=lse, attend_mask=None, additive_mask=None,
-                          causal=_mha.Causal.none, scale=None, dropout_p=0.0, dropout_seed=0, num_threads=1)
+                          scoring=_mha.Scoring(), num_threads=1)
     with pytest.raises(ValueError, match="num_threads"):
         _mha.sdpa_forward(query=q, key=k, value=v, output=out, logsumexp=lse, attend_mask=None, additive_mask=None,
-                          causal=_mha.Causal.none, scale=None, dropout_p=0.0, dropout_seed=0, num_threads=0)
+                          scoring=_mha.Scoring(), num_threads=0)
 
 
 Q, K, V = randn(2, 4, 3, 8), randn(2, 4, 5, 8, seed=1), randn(2, 4, 5, 8, seed=2)
@@ -350,3 +349,13 @@ def test_backward_errors(case):
 def test_set_num_threads_errors(n):
     with pytest.raises(mha.ArgumentError, match="set_num_threads: expected an integer >= 1"):
         mha.set_num_threads(n)
+
+
+def test_the_settings_are_one_class_with_every_field_of_mhas_scoring():
+    # _mha.Scoring's attributes are bound from mha::attention::Scoring::visit_fields, with its defaults.
+    s = _mha.Scoring()
+    assert (s.causal, s.scale, s.dropout_p, s.dropout_seed) == (_mha.Causal.none, None, 0.0, 0)
+    w = s.whole_call
+    assert (w.query_offset, w.key_offset, w.head_offset, w.query_len, w.key_len, w.heads) == (0, 0, 0, 0, 0, 0)
+    s.causal, s.scale, s.dropout_p, s.dropout_seed = _mha.Causal.bottom_right, 0.5, 0.25, 2**64 - 1
+    assert (s.causal, s.scale, s.dropout_p, s.dropout_seed) == (_mha.Causal.bottom_right, 0.5, 0.25, 2**64 - 1)

@@ -18,9 +18,10 @@ namespace mha::attention {
 namespace {
 
 using detail::BroadcastView;
-using detail::Masks;
 using detail::Problem;
 using detail::Rows;
+using detail::ScoreAdditions;
+using detail::SequenceLengths;
 
 // A (B, H, N, D) operand: rank 4, rows contiguous (a view of no elements reads no memory: any
 // strides; numpy gives empty arrays all-zero strides).
@@ -63,22 +64,34 @@ BroadcastView<M> broadcast_view(const View<const M>& mask, const Problem& p, con
   return view;
 }
 
-// Options::positions with its zero totals resolved to the call's own sizes, checked: the call's
+// Options::whole_call with its zero totals resolved to the call's own sizes, checked: the call's
 // queries, keys and heads lie inside the whole call's.
-Positions whole_call(Positions w, const Problem& p) {
+WholeCall whole_call(WholeCall w, const Problem& p) {
   if (w.query_len == 0) w.query_len = p.query_len;
   if (w.key_len == 0) w.key_len = p.key_len;
   if (w.heads == 0) w.heads = p.query_heads;
   auto inside = [](int64_t offset, int64_t size, int64_t total) {
     return offset >= 0 && total >= 0 && offset <= total && size <= total - offset;
   };
-  check(inside(w.query_offset, p.query_len, w.query_len), "options.positions: expected the call's ", p.query_len,
+  check(inside(w.query_offset, p.query_len, w.query_len), "options.whole_call: expected the call's ", p.query_len,
         " queries from query_offset ", w.query_offset, " to lie inside the whole call's ", w.query_len);
-  check(inside(w.key_offset, p.key_len, w.key_len), "options.positions: expected the call's ", p.key_len,
+  check(inside(w.key_offset, p.key_len, w.key_len), "options.whole_call: expected the call's ", p.key_len,
         " keys from key_offset ", w.key_offset, " to lie inside the whole call's ", w.key_len);
-  check(inside(w.head_offset, p.query_heads, w.heads), "options.positions: expected the call's ", p.query_heads,
+  check(inside(w.head_offset, p.query_heads, w.heads), "options.whole_call: expected the call's ", p.query_heads,
         " query heads from head_offset ", w.head_offset, " to lie inside the whole call's ", w.heads);
   return w;
+}
+
+// Options::query_lengths or key_lengths: absent, or (B) with every length in [0, whole].
+SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t batch, int64_t whole, const char* name) {
+  if (!lengths.defined()) return {};
+  check(lengths.dim() == 1 && lengths.size(0) == batch, name, ": expected a 1-D tensor of ", batch,
+        " lengths (one per sequence), got shape ", lengths.shape());
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = lengths.data()[b * lengths.stride(0)];
+    check(n >= 0 && n <= whole, name, ": expected lengths in [0, ", whole, "], got ", n, " for sequence ", b);
+  }
+  return {lengths.data(), lengths.stride(0)};
 }
 
 template <class T>
@@ -99,8 +112,6 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   checked_numel({q[0], q[1], q[2], v[3]}, "query and value: the output (B, Hq, L, Dv)");
   checked_numel({q[0], q[1], q[2]}, "query: the logsumexp (B, Hq, L)");
   checked_numel({q[0], q[1], q[2], k[2]}, "query and key: the score matrix (B, Hq, L, S)");
-  check(std::isfinite(options.dropout_p) && options.dropout_p >= 0.0 && options.dropout_p <= 1.0,
-        "dropout_p: expected a probability in [0, 1], got ", options.dropout_p);
 
   Problem p;
   p.batch = q[0];
@@ -110,23 +121,26 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   p.key_len = k[2];
   p.qk_head_dim = q[3];
   p.v_head_dim = v[3];
-  p.causal = options.causal;
-  p.dropout_p = options.dropout_p;
-  p.dropout_seed = options.dropout_seed;
-  p.whole = whole_call(options.positions, p);
-  if (options.scale) {
-    check(std::isfinite(*options.scale), "scale: expected a finite number, got ", *options.scale);
-    p.scale = *options.scale;
+  // The settings, then each checked (and whole_call's totals resolved).
+  Scoring& s = p.settings = options;
+  check(std::isfinite(s.dropout_p) && s.dropout_p >= 0.0 && s.dropout_p <= 1.0,
+        "dropout_p: expected a probability in [0, 1], got ", s.dropout_p);
+  s.whole_call = whole_call(s.whole_call, p);
+  if (s.scale) {
+    check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
+    p.scale = *s.scale;
   } else {
     check(p.qk_head_dim > 0, "query: head size must be > 0 for the default scale 1/sqrt(Dqk), got ",
           q);
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.qk_head_dim));
   }
+  p.query_lengths = sequence_lengths(options.query_lengths, p.batch, s.whole_call.query_len, "query_lengths");
+  p.key_lengths = sequence_lengths(options.key_lengths, p.batch, s.whole_call.key_len, "key_lengths");
   return p;
 }
 
 template <class T>
-Masks<T> make_masks(const Problem& p, const Options<T>& options) {
+ScoreAdditions<T> make_additions(const Problem& p, const Options<T>& options) {
   return {broadcast_view<bool>(options.attend_mask, p, "attend_mask"),
           broadcast_view<T>(options.additive_mask, p, "additive_mask")};
 }
@@ -227,6 +241,8 @@ template <class T>
 ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
   operands.push_back(byte_range(options.attend_mask));
   operands.push_back(byte_range(options.additive_mask));
+  operands.push_back(byte_range(options.query_lengths));
+  operands.push_back(byte_range(options.key_lengths));
   return operands;
 }
 
@@ -242,7 +258,7 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
   a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
   a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
   const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
-  const Masks<T> masks = make_masks(p, options);
+  const ScoreAdditions<T> additions = make_additions(p, options);
   const Backend backend = resolve_backend<T>(options.backend, p, options.need_weights);
   if (!fresh) {
     const ByteRanges inputs = input_ranges({byte_range(query), byte_range(key), byte_range(value)}, options);
@@ -272,17 +288,14 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
     if (backend == Backend::reference) zero(out.output);
     if (options.need_weights) zero(out.weights);
   }
-  // No query rows (B, Hq or L is 0): the (empty) results are made; no backend multiplies sizes
-  // of which one is 0 and the others may be huge (the checks above allow B·Hq past 64 bits when
-  // L is 0, as a product with a zero factor is 0).
-  if (no_query_rows(p)) return;
+  if (no_query_rows(p)) return;  // the (empty) results are made
   if constexpr (std::is_same_v<T, float>) {
-    if (backend == Backend::decode) return detail::decode_forward(p, masks, a);
+    if (backend == Backend::decode) return detail::decode_forward(p, additions, a);
   }
   if constexpr (std::is_same_v<T, Kv>) {
-    if (backend == Backend::reference) return detail::reference_forward(p, masks, a);
+    if (backend == Backend::reference) return detail::reference_forward(p, additions, a);
     if constexpr (std::is_same_v<T, float>)
-      if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, masks, a);
+      if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, additions, a);
   }
   throw Error("sdpa_forward: options.backend: unknown backend");
 }
@@ -296,7 +309,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
   a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
   const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
-  const Masks<T> masks = make_masks(p, options);
+  const ScoreAdditions<T> additions = make_additions(p, options);
   const Shape out_shape{p.batch, p.query_heads, p.query_len, p.v_head_dim};
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
@@ -336,16 +349,16 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
       Tensor<double> logsumexp_again({p.batch, p.query_heads, p.query_len});
       detail::ForwardArgs<T> f{a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
                                lse_rows_of(View<double>(logsumexp_again)), {}};
-      detail::cpu_flash_forward(p, masks, f);
+      detail::cpu_flash_forward(p, additions, f);
       a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
-      return detail::cpu_flash_backward(p, masks, a);
+      return detail::cpu_flash_backward(p, additions, a);
     }
   }
   switch (backend) {
     case Backend::reference:
-      return detail::reference_backward(p, masks, a);
+      return detail::reference_backward(p, additions, a);
     case Backend::cpu_flash:
-      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_backward(p, masks, a);
+      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_backward(p, additions, a);
       break;
     case Backend::automatic:
     case Backend::decode:

@@ -1,6 +1,8 @@
 #pragma once
-// What every backend receives after sdpa_forward/backward have checked the arguments: the sizes,
-// the resolved scale, and the masks as one object that answers "what is added to score (b,h,i,j)".
+// What every backend receives after sdpa_forward/backward have checked the arguments: the sizes
+// and settings (Problem, which answers "which keys does query i see"), and the masks as one
+// object that answers "what is added to score (b,h,i,j)" (ScoreAdditions).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -35,58 +37,89 @@ struct Rows {
   T* row(int64_t b, int64_t h, int64_t i) const { return data + b * stride_b + h * stride_h + i * stride_row; }
 };
 
+// Per-sequence lengths (Options::query_lengths, key_lengths): element b of a (B) view, or the
+// whole call's length when absent.
+struct SequenceLengths {
+  const int64_t* data = nullptr;
+  int64_t stride = 0;
+
+  int64_t of(int64_t b, int64_t whole) const { return data ? data[b * stride] : whole; }
+};
+
 struct Problem {
   int64_t batch = 0, query_heads = 0, kv_heads = 0;
   int64_t query_len = 0, key_len = 0, qk_head_dim = 0, v_head_dim = 0;
-  double scale = 1.0;
-  Causal causal = Causal::none;
-  double dropout_p = 0.0;
-  uint64_t dropout_seed = 0;
+  // The call's settings as given (checked), with whole_call's totals resolved (never 0).
+  Scoring settings;
+  double scale = 1.0;  // settings.scale, or 1/sqrt(Dqk)
+  SequenceLengths query_lengths, key_lengths;
 
-  // The whole call this one is a block of (Options::positions, resolved: totals never 0).
-  Positions whole;
-
+  const WholeCall& whole() const { return settings.whole_call; }
   int64_t group_size() const { return query_heads / kv_heads; }
-  // Keys [0, causal_limit(i)) are visible to query i (all of them when not causal). The limit is
-  // the whole call's, at query whole.query_offset + i, counted from this block's first key.
-  int64_t causal_limit(int64_t i) const {
-    const int64_t gi = whole.query_offset + i;
-    int64_t limit = key_len;
-    if (causal == Causal::top_left) limit = gi + 1 - whole.key_offset;
-    if (causal == Causal::bottom_right) limit = gi + 1 + (whole.key_len - whole.query_len) - whole.key_offset;
-    return limit < 0 ? 0 : (limit > key_len ? key_len : limit);
+  bool dropout() const { return settings.dropout_p > 0.0; }
+  // The keys of this call (counted from its first key) that queries [i0, i1) of sequence b may
+  // see: attention::visible_keys at the whole call's positions, then cut to this call's keys. For
+  // one query (i1 = i0 + 1) it is that query's range; for a block, the union of its rows'.
+  KeyRange visible_keys(int64_t b, int64_t i0, int64_t i1) const {
+    const WholeCall& w = whole();
+    const KeyRange r = attention::visible_keys(settings, query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len),
+                                               w.query_offset + i0, w.query_offset + i1);
+    auto cut = [&](int64_t j) { return std::clamp<int64_t>(j - w.key_offset, 0, key_len); };
+    return {cut(r.begin), cut(r.end)};
   }
+  KeyRange visible_keys(int64_t b, int64_t i) const { return visible_keys(b, i, i + 1); }
   // This call's keys are a part of the whole call's: a row's softmax spans keys it does not see.
-  bool partial_keys() const { return whole.key_offset != 0 || whole.key_len != key_len; }
+  bool partial_keys() const { return whole().key_offset != 0 || whole().key_len != key_len; }
   // The dropout stream of (b, h) and the whole call's row and column of (i, j): dropout_keep's
   // arguments (mha/core/random.h), so that a block draws the whole call's mask.
   uint64_t dropout_stream(int64_t batch_head) const {
     const int64_t b = batch_head / query_heads, h = batch_head % query_heads;
-    return static_cast<uint64_t>(b * whole.heads + whole.head_offset + h);
+    return static_cast<uint64_t>(b * whole().heads + whole().head_offset + h);
   }
-  uint32_t dropout_row(int64_t i) const { return static_cast<uint32_t>(whole.query_offset + i); }
-  uint32_t dropout_column(int64_t j) const { return static_cast<uint32_t>(whole.key_offset + j); }
+  uint32_t dropout_row(int64_t i) const { return static_cast<uint32_t>(whole().query_offset + i); }
+  uint32_t dropout_column(int64_t j) const { return static_cast<uint32_t>(whole().key_offset + j); }
   // 1/(1 − p) for kept probabilities; p = 1 drops everything (and must not give 0·inf = NaN).
-  double dropout_scale() const { return dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0; }
+  double dropout_scale() const { return settings.dropout_p < 1.0 ? 1.0 / (1.0 - settings.dropout_p) : 0.0; }
 };
 
+// What is added to score (b, h, i, j) on top of scale·q·k: the additive mask's value, plus −inf
+// where attend_mask is false, and −inf for a key outside the query's visible_keys. The one
+// per-element definition, which the reference applies row by row (fill_row, in T) and the tiles
+// apply tile by tile (tiles.h, in float; the key range there goes to the kernels as the tile's
+// edges). Blocking ADDS −inf, as PyTorch adds a bool mask turned into −inf: a +inf or NaN in the
+// float mask then gives NaN there, exactly as in PyTorch.
 template <class T>
-struct Masks {
+struct ScoreAdditions {
   BroadcastView<bool> attend;
   BroadcastView<T> additive;
 
-  // Fills `scores[0..S)` for query row i of (b, h) with the mask contribution: 0, the additive
-  // value, or −inf (attend false or hidden by causality). Backends add scale·q·k on top.
+  bool present() const { return additive.present() || attend.present(); }
+
+  // Row (b, h, i) of the masks' part, key by key.
+  struct Row {
+    const T* add = nullptr;
+    int64_t add_stride = 0;
+    const bool* keep = nullptr;
+    int64_t keep_stride = 0;
+
+    T operator()(int64_t j) const {
+      T v = add ? add[j * add_stride] : T(0);
+      if (keep && !keep[j * keep_stride]) v += -std::numeric_limits<T>::infinity();
+      return v;
+    }
+  };
+  Row row(int64_t b, int64_t h, int64_t i) const {
+    return {additive.present() ? additive.row(b, h, i) : nullptr, additive.stride_j,
+            attend.present() ? attend.row(b, h, i) : nullptr, attend.stride_j};
+  }
+
+  // scores[0..S) of query row i of (b, h) = everything added there: backends add scale·q·k on top.
   void fill_row(const Problem& p, int64_t b, int64_t h, int64_t i, T* scores) const {
-    const T neg_inf = -std::numeric_limits<T>::infinity();
-    const int64_t visible = p.causal_limit(i);
-    const T* add = additive.present() ? additive.row(b, h, i) : nullptr;
-    const bool* keep = attend.present() ? attend.row(b, h, i) : nullptr;
+    const KeyRange visible = p.visible_keys(b, i);
+    const Row masks = row(b, h, i);
     for (int64_t j = 0; j < p.key_len; ++j) {
-      T v = add ? add[j * additive.stride_j] : T(0);
-      // Blocking ADDS −inf, as PyTorch adds a bool mask turned into −inf: a +inf or NaN in the
-      // float mask then gives NaN there, exactly as in PyTorch.
-      if (j >= visible || (keep && !keep[j * attend.stride_j])) v += neg_inf;
+      T v = masks(j);
+      if (!visible.contains(j)) v += -std::numeric_limits<T>::infinity();
       scores[j] = v;
     }
   }

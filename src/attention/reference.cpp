@@ -18,9 +18,9 @@ T dot(const T* a, const T* b, int64_t n) {
 
 // Scores of query row i against every key: scale·q_i·k_j + mask (−inf where blocked).
 template <class T>
-void score_row(const Problem& p, const Masks<T>& masks, const T* q, const Rows<const T>& key, int64_t b,
+void score_row(const Problem& p, const ScoreAdditions<T>& additions, const T* q, const Rows<const T>& key, int64_t b,
                int64_t kvh, int64_t h, int64_t i, T* scores) {
-  masks.fill_row(p, b, h, i, scores);
+  additions.fill_row(p, b, h, i, scores);
   const T scale = static_cast<T>(p.scale);
   // The product is added even where the mask holds −inf, as PyTorch adds the mask to the full
   // score matrix: a NaN in a key propagates the same way it does there.
@@ -55,8 +55,9 @@ double softmax_row(T* scores, int64_t n) {
 // The dropout multiplier of probability (bh, i, j): 0 if dropped, 1/(1 − p) if kept (at the
 // whole call's positions).
 inline double dropout_factor(const Problem& p, int64_t bh, int64_t i, int64_t j) {
-  if (p.dropout_p == 0.0) return 1.0;
-  return dropout_keep(p.dropout_seed, p.dropout_stream(bh), p.dropout_row(i), p.dropout_column(j), p.dropout_p)
+  if (!p.dropout()) return 1.0;
+  return dropout_keep(p.settings.dropout_seed, p.dropout_stream(bh), p.dropout_row(i), p.dropout_column(j),
+                      p.settings.dropout_p)
              ? p.dropout_scale()
              : 0.0;
 }
@@ -64,7 +65,7 @@ inline double dropout_factor(const Problem& p, int64_t bh, int64_t i, int64_t j)
 }  // namespace
 
 template <class T>
-void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArgs<T>& a) {
+void reference_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv); the outputs start at 0
   const int64_t B = p.batch, Hq = p.query_heads, L = p.query_len, S = p.key_len, Dv = p.v_head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -80,7 +81,7 @@ void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArg
         double& lse = *a.logsumexp.row(b, h, i);
 
         // Pass 1: scores; pass 2: softmax (a row that may attend to nothing stays 0).
-        score_row(p, masks, q, a.key, b, kvh, h, i, scores.data());
+        score_row(p, additions, q, a.key, b, kvh, h, i, scores.data());
         lse = softmax_row(scores.data(), S);
         if (lse == neg_inf) continue;
         // Pass 3: dropout on the probabilities, then the weighted sum of values.
@@ -96,7 +97,7 @@ void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArg
 }
 
 template <class T>
-void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardArgs<T>& a) {
+void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a) {
   // With P = softmax(scores), Pd = dropout(P), O = Pd·V and upstream dO:
   //   dV_j  += Σ_i Pd_ij dO_i
   //   dPd_ij = dO_i · v_j,   dP_ij = dPd_ij · (dropout factor of ij)
@@ -125,9 +126,9 @@ void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardA
         const T* dout = a.grad_output.row(b, h, i);
         T* dq = a.grad_query.row(b, h, i);
 
-        score_row(p, masks, q, a.key, b, kvh, h, i, prob.data());
+        score_row(p, additions, q, a.key, b, kvh, h, i, prob.data());
         if (p.partial_keys()) {
-          // A block of the row's keys (Options::positions): P from the whole row's logsumexp.
+          // A block of the row's keys (Options::whole_call): P from the whole row's logsumexp.
           const double lse = *a.logsumexp.row(b, h, i);
           if (lse == -std::numeric_limits<double>::infinity()) continue;
           for (int64_t j = 0; j < S; ++j) prob[j] = static_cast<T>(std::exp(static_cast<double>(prob[j]) - lse));
@@ -166,9 +167,9 @@ void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardA
   }
 }
 
-template void reference_forward(const Problem&, const Masks<float>&, const ForwardArgs<float>&);
-template void reference_forward(const Problem&, const Masks<double>&, const ForwardArgs<double>&);
-template void reference_backward(const Problem&, const Masks<float>&, const BackwardArgs<float>&);
-template void reference_backward(const Problem&, const Masks<double>&, const BackwardArgs<double>&);
+template void reference_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float>&);
+template void reference_forward(const Problem&, const ScoreAdditions<double>&, const ForwardArgs<double>&);
+template void reference_backward(const Problem&, const ScoreAdditions<float>&, const BackwardArgs<float>&);
+template void reference_backward(const Problem&, const ScoreAdditions<double>&, const BackwardArgs<double>&);
 
 }  // namespace mha::attention::detail

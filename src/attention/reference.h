@@ -8,9 +8,9 @@
 namespace mha::attention::detail {
 
 template <class T>
-void reference_forward(const Problem& p, const Masks<T>& masks, const ForwardArgs<T>& a);
+void reference_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T>& a);
 
 template <class T>
-void reference_backward(const Problem& p, const Masks<T>& masks, const BackwardArgs<T>& a);
+void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a);
 
 }  // namespace mha::attention::detail

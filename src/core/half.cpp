@@ -68,7 +68,53 @@ void FloatToFloat16(const float* in, float16* out, size_t count) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
 namespace mha {
+namespace {
+
+// Rounds a double to a 16-bit IEEE-style format with the given field widths: round to nearest,
+// ties to even, overflow to ±inf, gradual underflow to subnormals, NaN stays NaN. Rounding once
+// from double is correct for float inputs too, since float -> double is exact.
+uint16_t round_to_16_bit_float(double value, int exponent_bits, int mantissa_bits) {
+  const auto bits = std::bit_cast<uint64_t>(value);
+  const auto sign = static_cast<uint32_t>(bits >> 63) << (exponent_bits + mantissa_bits);
+  const uint32_t infinity = ((1u << exponent_bits) - 1) << mantissa_bits;
+  constexpr uint64_t kDoubleMantissaMask = (uint64_t{1} << 52) - 1;
+  if (std::isnan(value)) {
+    // Keep the top of the payload and set the quiet bit, so the result cannot become inf.
+    const auto payload = static_cast<uint32_t>((bits & kDoubleMantissaMask) >> (52 - mantissa_bits));
+    return static_cast<uint16_t>(sign | infinity | (1u << (mantissa_bits - 1)) | payload);
+  }
+  if (std::isinf(value)) return static_cast<uint16_t>(sign | infinity);
+  const int biased_exponent = static_cast<int>((bits >> 52) & 0x7FF);
+  // Double subnormals (and zeros) lie far below half the smallest subnormal of either target.
+  if (biased_exponent == 0) return static_cast<uint16_t>(sign);
+
+  // |value| = significand · 2^(biased_exponent − 1075).
+  const uint64_t significand = (bits & kDoubleMantissaMask) | (uint64_t{1} << 52);
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  // Exponent of the target binade; values below the smallest normal share the subnormal spacing.
+  const int binade = std::max(biased_exponent - 1023, 1 - bias);
+  // Count |value| in units of the target spacing 2^(binade − mantissa_bits).
+  const int shift = binade - mantissa_bits - (biased_exponent - 1075);
+  if (shift >= 64) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+  uint64_t units = significand >> shift;
+  const uint64_t remainder = significand & ((uint64_t{1} << shift) - 1);
+  const uint64_t half = uint64_t{1} << (shift - 1);
+  if (remainder > half || (remainder == half && (units & 1) != 0)) ++units;
+  // Encodings grow monotonically with magnitude, so a carry out of the mantissa lands on the
+  // next binade (or on inf) by itself; anything past inf is clamped to inf.
+  const uint64_t magnitude = (static_cast<uint64_t>(binade + bias - 1) << mantissa_bits) + units;
+  return static_cast<uint16_t>(sign | std::min<uint64_t>(magnitude, infinity));
+}
+
+}  // namespace
+
+bfloat16 to_bfloat16(double value) { return {round_to_16_bit_float(value, 8, 7)}; }
+float16 to_float16(double value) { return {round_to_16_bit_float(value, 5, 10)}; }
 
 HWY_EXPORT(BFloat16ToFloat);
 HWY_EXPORT(FloatToBFloat16);

@@ -159,7 +159,7 @@ HWY_EXPORT(PackTransposed);
 
 size_t panel_width() { return HWY_DYNAMIC_DISPATCH(PanelWidth)(); }
 
-void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
+void multiply(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(Gemm)(m, n, k, a, b, c, accumulate);
 }
 
@@ -233,13 +233,13 @@ void PackedLinear::forward(View<const float> x, View<float> y, const Epilogue& e
       float* c = y.data() + r0 * out_;
       const auto k = static_cast<size_t>(in_);
       if (full_end > p0)
-        gemm(static_cast<size_t>(nrows), static_cast<size_t>((full_end - p0) * W), k, {a, k},
+        multiply(static_cast<size_t>(nrows), static_cast<size_t>((full_end - p0) * W), k, {a, k},
              {panels_.data() + p0 * in_ * W, static_cast<size_t>(W), k * static_cast<size_t>(W)},
              {c + p0 * W, static_cast<size_t>(out_)}, false);
       if (full_end < p1) {  // the ragged last panel, through a scratch tile as wide as the panel
         const int64_t c0 = full_end * W, cols = out_ - c0;
         std::vector<float> tile(static_cast<size_t>(nrows * W));
-        gemm(static_cast<size_t>(nrows), static_cast<size_t>(cols), k, {a, k},
+        multiply(static_cast<size_t>(nrows), static_cast<size_t>(cols), k, {a, k},
              {panels_.data() + full_end * in_ * W, static_cast<size_t>(W), k * static_cast<size_t>(W)},
              {tile.data(), static_cast<size_t>(W)}, false);
         for (int64_t r = 0; r < nrows; ++r)

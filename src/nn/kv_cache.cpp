@@ -90,49 +90,44 @@ void KVCache<Kv>::reset() {
 }
 
 template <class Kv>
-void attend_into(const KVCache<Kv>& cache, View<const float> query, View<float> output, std::optional<double> scale) {
+void attend_into(const KVCache<Kv>& cache, View<const float> query, View<float> output,
+                 const attention::Scoring& scoring) {
   check(query.dim() == 4 && query.size(0) == cache.batch(), "attend: query: expected (B, Hq, T, Dqk) with B = ",
         cache.batch(), ", got ", query.shape());
-  const int64_t B = cache.batch(), T = query.size(2), S = cache.length();
+  const int64_t B = cache.batch(), T = query.size(2);
   const auto& lengths = cache.lengths();
   const auto& counts = cache.last_counts();
   for (int64_t b = 0; b < B; ++b)
     check(counts[static_cast<size_t>(b)] <= T, "attend: query: expected T >= ", counts[static_cast<size_t>(b)],
           " (the tokens sequence ", b, " last appended), got shape ", query.shape());
+  // Query t of sequence b sees slots 0..p, p = lengths[b] − counts[b] + t its position: bottom-right
+  // causality on the sequence's own lengths (counts[b] queries, lengths[b] keys), and queries past
+  // counts[b] see nothing. The core walks each row's keys only up to its sequence's length.
+  check(scoring.causal == attention::Causal::none || scoring.causal == attention::Causal::bottom_right,
+        "attend: scoring.causal: expected none or bottom_right (the cache's own alignment), got top_left");
+  check(scoring.whole_call == attention::WholeCall{},
+        "attend: scoring.whole_call: expected the default (a cache call is a whole call)");
   attention::Options<float> opt;
-  opt.scale = scale;
-  // Every sequence as long as the others and every query real: bottom-right causality says it
-  // all. Otherwise a (B, 1, T, S) mask: query t of sequence b sees slots 0..p, p its position.
-  const bool uniform = std::all_of(lengths.begin(), lengths.end(), [&](int64_t l) { return l == S; }) &&
-                       std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == T; });
-  Tensor<bool> mask;
-  if (uniform) {
-    opt.causal = attention::Causal::bottom_right;
-  } else {
-    mask = Tensor<bool>({B, 1, T, S});
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t first = lengths[static_cast<size_t>(b)] - counts[static_cast<size_t>(b)];
-      for (int64_t t = 0; t < counts[static_cast<size_t>(b)]; ++t)
-        std::fill_n(mask.data() + (b * T + t) * S, first + t + 1, true);
-    }
-    opt.attend_mask = mask;
-  }
+  static_cast<attention::Scoring&>(opt) = scoring;
+  opt.causal = attention::Causal::bottom_right;
+  opt.query_lengths = View<const int64_t>(counts.data(), {B});
+  opt.key_lengths = View<const int64_t>(lengths.data(), {B});
   Tensor<double> logsumexp({B, query.size(1), T});
   attention::sdpa_forward_into(query, cache.keys(), cache.values(), {output, logsumexp, {}}, opt);
 }
 
 template <class Kv>
-Tensor<float> attend(const KVCache<Kv>& cache, View<const float> query, std::optional<double> scale) {
+Tensor<float> attend(const KVCache<Kv>& cache, View<const float> query, const attention::Scoring& scoring) {
   check(query.dim() == 4, "attend: query: expected a 4-D tensor (B, Hq, T, Dqk), got shape ", query.shape());
   Tensor<float> out({query.size(0), query.size(1), query.size(2), cache.v_head_dim()});
-  attend_into(cache, query, out, scale);
+  attend_into(cache, query, out, scoring);
   return out;
 }
 
 #define MHA_INSTANTIATE(Kv)                                                                               \
   template class KVCache<Kv>;                                                                             \
-  template void attend_into(const KVCache<Kv>&, View<const float>, View<float>, std::optional<double>);   \
-  template Tensor<float> attend(const KVCache<Kv>&, View<const float>, std::optional<double>);
+  template void attend_into(const KVCache<Kv>&, View<const float>, View<float>, const attention::Scoring&); \
+  template Tensor<float> attend(const KVCache<Kv>&, View<const float>, const attention::Scoring&);
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(bfloat16)
 MHA_INSTANTIATE(float16)

@@ -4,16 +4,16 @@
 // the same steps in reverse. Both are free functions on parameter views
 // (multihead_attention_forward / _backward), which the module calls with views of its own
 // tensors and the Python binding with views of torch's, so there is one implementation. All of
-// PyTorch's mask handling, spread over that function, is gathered in multihead_attention_masks.
+// PyTorch's mask handling, spread over that function, is gathered in multihead_attention_masks
+// (multihead_attention_masks.cpp); the checks of the options and parameters are in
+// multihead_attention_checks.cpp.
 #include "mha/nn/multihead_attention.h"
 
 #include <cmath>
-#include <functional>
-#include <limits>
 #include <optional>
-#include <string>
 
 #include "mha/nn/linear.h"
+#include "multihead_attention_checks.h"
 
 namespace mha::nn {
 namespace {
@@ -107,105 +107,6 @@ Tensor<T> drop_last_row(const Tensor<T>& x) {
   return out;
 }
 
-// Pads the last dimension with one unmasked column (add_bias_kv / add_zero_attn).
-template <class T>
-Mask<T> pad_key_column(const Mask<T>& mask) {
-  return std::visit(
-      [](const auto& m) -> Mask<T> {
-        using Elem = typename std::decay_t<decltype(m)>::value_type;
-        Shape shape = m.shape();
-        const int64_t len = shape.back();
-        shape.back() = len + 1;
-        std::decay_t<decltype(m)> out(shape, Elem(0));
-        const int64_t rows = len + 1 > 0 ? out.numel() / (len + 1) : 0;
-        for (int64_t r = 0; r < rows; ++r) std::copy_n(m.data() + r * len, len, out.data() + r * (len + 1));
-        return out;
-      },
-      mask);
-}
-
-// a ⊕ b elementwise after broadcasting both (rank 4) to their common shape.
-template <class E, class Op>
-Tensor<E> broadcast_combine(const Tensor<E>& a, const Tensor<E>& b, Op op) {
-  Shape shape(a.shape().size());
-  for (size_t i = 0; i < shape.size(); ++i) shape[i] = std::max(a.shape()[i], b.shape()[i]);
-  Tensor<E> out = expand(a, shape);
-  const Tensor<E> other = expand(b, shape);
-  for (int64_t i = 0; i < out.numel(); ++i) out[i] = op(out[i], other[i]);
-  return out;
-}
-
-template <class T>
-Shape mask_shape(const Mask<T>& m) {
-  return std::visit([](const auto& t) { return t.shape(); }, m);
-}
-
-template <class T>
-Mask<T> reshape_mask(const Mask<T>& m, const Shape& shape) {
-  return std::visit([&](const auto& t) -> Mask<T> { return t.reshape(shape); }, m);
-}
-
-
-// One parameter against what the options say: given with `shape` exactly when `expected`
-// (`why` says which option decides), contiguous.
-template <class T>
-void check_parameter(const char* what, const char* name, const View<T>& w, bool expected, const Shape& shape,
-                     const char* why) {
-  if (!expected) {
-    check(!w.defined(), "MultiheadAttention: ", what, name, ": expected none (", why, "), got shape ",
-          w.shape());
-    return;
-  }
-  check(w.defined(), "MultiheadAttention: ", what, name, ": expected shape ", shape, " (", why,
-        "), got none");
-  if (w.shape() != shape) check_shape(w.shape(), shape, std::string("MultiheadAttention: ") + what + name);
-  check(row_major(w), "MultiheadAttention: ", what, name, ": expected contiguous (row-major) memory, got strides ",
-        w.strides(), " for shape ", w.shape());
-}
-
-// Calls f(name, weight, gradient-or-weight, expected, shape, why) for each parameter in
-// state_dict order; `W` is MultiheadAttentionWeights or MultiheadAttentionWeightGradients.
-template <class W, class F>
-void for_each_parameter(const MultiheadAttentionOptions& o, const W& w, F f) {
-  const int64_t e = o.embed_dim;
-  const bool packed = *o.kdim == e && *o.vdim == e;
-  const char* packed_why = packed ? "kdim == vdim == embed_dim: one packed in_proj_weight"
-                                  : "kdim or vdim differs from embed_dim: separate q/k/v_proj_weight";
-  const char* bias_why = o.bias ? "bias=true" : "bias=false";
-  const char* bias_kv_why = o.add_bias_kv ? "add_bias_kv=true" : "add_bias_kv=false";
-  f("in_proj_weight", w.in_proj_weight, packed, Shape{3 * e, e}, packed_why);
-  f("q_proj_weight", w.q_proj_weight, !packed, Shape{e, e}, packed_why);
-  f("k_proj_weight", w.k_proj_weight, !packed, Shape{e, *o.kdim}, packed_why);
-  f("v_proj_weight", w.v_proj_weight, !packed, Shape{e, *o.vdim}, packed_why);
-  f("in_proj_bias", w.in_proj_bias, o.bias, Shape{3 * e}, bias_why);
-  f("bias_k", w.bias_k, o.add_bias_kv, Shape{1, 1, e}, bias_kv_why);
-  f("bias_v", w.bias_v, o.add_bias_kv, Shape{1, 1, e}, bias_kv_why);
-  f("out_proj_weight", w.out_proj_weight, true, Shape{e, e}, "always");
-  f("out_proj_bias", w.out_proj_bias, o.bias, Shape{e}, bias_why);
-}
-
-template <class T>
-void check_weights(const MultiheadAttentionOptions& o, const MultiheadAttentionWeights<T>& w) {
-  for_each_parameter(o, w, [](const char* name, const View<const T>& p, bool expected, const Shape& shape,
-                              const char* why) { check_parameter("weights: ", name, p, expected, shape, why); });
-}
-
-// A gradient may be absent (not computed); a given one has its weight's shape and overlaps no
-// other gradient (each is added into).
-template <class T>
-void check_gradients(const MultiheadAttentionOptions& o, const MultiheadAttentionWeightGradients<T>& g) {
-  std::vector<std::pair<const char*, View<T>>> given;
-  for_each_parameter(o, g, [&](const char* name, const View<T>& p, bool expected, const Shape& shape,
-                               const char* why) {
-    if (!p.defined()) return;
-    check_parameter("grads: ", name, p, expected, shape, why);
-    for (const auto& [other, q] : given)
-      check(!ranges_overlap(p, q), "MultiheadAttention: grads: ", name, " and ", other,
-            ": expected separate memory (each gradient is added into), got overlapping views");
-    given.emplace_back(name, p);
-  });
-}
-
 // The input projection for which = 0 (q), 1 (k), 2 (v): rows [E·which, E·(which+1)) of the
 // packed in_proj_weight, or the separate weight; and where its gradient is added (nullptr: not
 // computed).
@@ -233,92 +134,18 @@ auto data_or_null(const V& x, int64_t offset = 0) -> decltype(x.data()) {
   return x.defined() ? x.data() + offset : nullptr;
 }
 
-// The attention core's options for the masks, causality and dropout forward ran with, so that
-// backward runs the core on exactly what forward ran.
-template <class T>
-attention::Options<T> core_options(View<const bool> attend_mask, View<const T> additive_mask, Causal causal,
-                                   double dropout_p, uint64_t dropout_seed, attention::Backend backend) {
-  attention::Options<T> opt;
-  opt.attend_mask = attend_mask;
-  opt.additive_mask = additive_mask;
-  opt.causal = causal;
-  opt.dropout_p = dropout_p;
-  opt.dropout_seed = dropout_seed;
-  opt.backend = backend;
-  return opt;
-}
-
 }  // namespace
 
-// Everything multi_head_attention_forward does to attn_mask and key_padding_mask, in one place
-// (PyTorch spreads it over the function).
 template <class T>
-MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOptions& options,
-                                                     const MultiheadAttentionArgs<T>& args, int64_t n, int64_t len,
-                                                     int64_t src_len, bool unbatched) {
-  const int64_t heads = options.num_heads;
-
-  // 1. Check against the shapes PyTorch accepts, and bring to rank 4 (N|1, H|1, L|1, S).
-  std::optional<Mask<T>> attn_mask = args.attn_mask, padding_mask = args.key_padding_mask;
-  check(!args.is_causal || attn_mask, "is_causal: PyTorch requires attn_mask with the is_causal hint "
-        "(pass the causal mask as attn_mask); got is_causal=true and no attn_mask");
-  if (attn_mask) {
-    const Shape s = mask_shape(*attn_mask);
-    if (s.size() == 2) {
-      check_shape(s, {len, src_len}, "attn_mask (2-D)");
-      attn_mask = reshape_mask(*attn_mask, {1, 1, len, src_len});
-    } else {
-      check(s.size() == 3, "attn_mask: expected a 2-D (L, S) or 3-D (N*num_heads, L, S) mask, got shape ",
-            s);
-      check_shape(s, {checked_numel({n, heads}, "attn_mask: N*num_heads"), len, src_len},
-                  unbatched ? "attn_mask (3-D, unbatched: num_heads, L, S)" : "attn_mask (3-D: N*num_heads, L, S)");
-      attn_mask = reshape_mask(*attn_mask, {n, heads, len, src_len});
-    }
-  }
-  if (padding_mask) {
-    const Shape s = mask_shape(*padding_mask);
-    check_shape(s, unbatched ? Shape{src_len} : Shape{n, src_len},
-                unbatched ? "key_padding_mask (unbatched: S)" : "key_padding_mask (N, S)");
-    padding_mask = reshape_mask(*padding_mask, {n, 1, 1, src_len});
-  }
-
-  // 2. The is_causal hint. PyTorch: with need_weights=false and no key padding mask, it replaces
-  // the attention mask by SDPA's top-left causal mask; otherwise the mask itself is used.
-  MultiheadAttentionMasks<T> out;
-  if (args.is_causal && !padding_mask && !args.need_weights) {
-    out.causal = Causal::top_left;
-    attn_mask.reset();
-  }
-
-  // 3. add_bias_kv and add_zero_attn each append a key every query may attend: a free column.
-  for (bool appends_key : {options.add_bias_kv, options.add_zero_attn}) {
-    if (!appends_key) continue;
-    if (attn_mask) attn_mask = pad_key_column(*attn_mask);
-    if (padding_mask) padding_mask = pad_key_column(*padding_mask);
-  }
-
-  // 4. Merge into one bool and one float mask. PyTorch turns a bool mask into −inf and adds the
-  // two masks; two bool masks are the same as "blocked where either blocks", two float masks are
-  // added, and a bool with a float mask need no merging.
-  std::optional<Tensor<bool>> blocked;
-  for (std::optional<Mask<T>>* mask : {&attn_mask, &padding_mask}) {
-    if (!*mask) continue;
-    if (auto* b = std::get_if<Tensor<bool>>(&**mask)) {
-      blocked = blocked ? broadcast_combine(*blocked, *b, std::logical_or<bool>()) : *b;
-    } else {
-      const Tensor<T>& f = std::get<Tensor<T>>(**mask);
-      out.additive_mask = out.additive_mask ? broadcast_combine(*out.additive_mask, f, std::plus<T>()) : f;
-    }
-  }
-
-  // 5. Flip to the attention core's polarity (true = may attend).
-  if (blocked) {
-    for (int64_t i = 0; i < blocked->numel(); ++i) (*blocked)[i] = !(*blocked)[i];
-    out.attend_mask = std::move(blocked);
-  }
-  return out;
+attention::Options<T> MultiheadAttentionMasks<T>::core_options(double dropout_p, uint64_t dropout_seed) const {
+  attention::Options<T> opt;
+  if (attend_mask) opt.attend_mask = *attend_mask;
+  if (additive_mask) opt.additive_mask = *additive_mask;
+  opt.causal = causal;
+  opt.dropout_p = dropout_p;
+  opt.dropout_seed = dropout_p > 0.0 ? dropout_seed : 0;
+  return opt;
 }
-
 
 namespace {
 
@@ -335,26 +162,6 @@ Tensor<T> mean_over_heads(const Tensor<T>& w) {
 }
 
 }  // namespace
-
-MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options) {
-  const int64_t e = options.embed_dim, h = options.num_heads;
-  check(h > 0, "MultiheadAttention: num_heads: expected > 0, got ", h);
-  check(e % h == 0, "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim ", e,
-        " and num_heads ", h);
-  check(std::isfinite(options.dropout) && options.dropout >= 0.0 && options.dropout <= 1.0,
-        "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options.dropout);
-  if (!options.kdim) options.kdim = e;
-  if (!options.vdim) options.vdim = e;
-  // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps
-  // 3·embed_dim and every weight size far from int64 overflow.
-  constexpr int64_t kMaxWidth = std::numeric_limits<int>::max() / 3;
-  for (auto [name, width] : {std::pair<const char*, int64_t>{"embed_dim", e}, {"kdim", *options.kdim},
-                             {"vdim", *options.vdim}})
-    check(width > 0 && width <= kMaxWidth, "MultiheadAttention: ", name, ": expected 1 to ", kMaxWidth, ", got ",
-          width);
-
-  return options;
-}
 
 template <class T>
 MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
@@ -425,7 +232,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
                                                         uint64_t dropout_seed, attention::Backend backend,
                                                         MultiheadAttentionCache<T>* cache, const AttentionCore<T>& core) {
   const MultiheadAttentionOptions options = resolved_options(unresolved);
-  check_weights(options, weights);
+  detail::check_weights(options, weights);
   const int64_t e = options.embed_dim, heads = options.num_heads;
   const char* layout = options.batch_first ? "(N, L, E)" : "(L, N, E)";
 
@@ -484,9 +291,8 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
   // views and writes its output straight into the merged (N, L, E) layout, so neither the split
   // nor the merge copies anything; with need_weights also the weights (N, H, L, S').
   const double dropout_p = training ? options.dropout : 0.0;
-  if (dropout_p == 0.0) dropout_seed = 0;
-  attention::Options<T> opt = core_options<T>(view_of(masks.attend_mask), view_of(masks.additive_mask), masks.causal,
-                                              dropout_p, dropout_seed, backend);
+  attention::Options<T> opt = masks.core_options(dropout_p, dropout_seed);
+  opt.backend = backend;
   opt.need_weights = args.need_weights;
   auto merged = Tensor<T>::uninitialized({n, len, e});  // sdpa_forward_into writes it in full
   auto logsumexp = Tensor<double>::uninitialized({n, heads, len});  // written in full, as merged
@@ -524,8 +330,8 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
     cache->logsumexp = std::move(logsumexp);
     cache->merged = std::move(merged);
     cache->masks = std::move(masks);
-    cache->dropout_p = dropout_p;
-    cache->dropout_seed = dropout_seed;
+    cache->dropout_p = opt.dropout_p;
+    cache->dropout_seed = opt.dropout_seed;
   }
   return result;
 }
@@ -581,8 +387,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
                                                             const MultiheadAttentionWeightGradients<T>& grads,
                                                             attention::Backend backend, const AttentionCore<T>& core) {
   const MultiheadAttentionOptions options = resolved_options(unresolved);
-  check_weights(options, weights);
-  check_gradients(options, grads);
+  detail::check_weights(options, weights);
+  detail::check_gradients(options, grads);
   const int64_t e = options.embed_dim, heads = options.num_heads;
 
   // What forward saw and computed, checked against each other: the inputs fix N, L and S.
@@ -623,8 +429,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
   // sdpa_backward_into overwrites every element of its outputs.
   auto grad_q = Tensor<T>::uninitialized(saved.q.shape()), grad_k = Tensor<T>::uninitialized(saved.k.shape()),
        grad_v = Tensor<T>::uninitialized(saved.v.shape());
-  const attention::Options<T> opt = core_options<T>(saved.attend_mask, saved.additive_mask, saved.causal,
-                                                     saved.dropout_p, saved.dropout_seed, backend);
+  attention::Options<T> opt = saved.core;
+  opt.backend = backend;
   const attention::GradientOutputs<T> outputs{heads_view(grad_q, heads), heads_view(grad_k, heads),
                                               heads_view(grad_v, heads)};
   check(static_cast<bool>(core.forward) == static_cast<bool>(core.backward),
@@ -683,11 +489,7 @@ MultiheadAttentionSaved<T> MultiheadAttentionCache<T>::saved() const {
   s.v = view_of(v);
   s.logsumexp = view_of(logsumexp);
   s.merged = view_of(merged);
-  s.attend_mask = view_of(masks.attend_mask);
-  s.additive_mask = view_of(masks.additive_mask);
-  s.causal = masks.causal;
-  s.dropout_p = dropout_p;
-  s.dropout_seed = dropout_seed;
+  s.core = masks.core_options(dropout_p, dropout_seed);
   return s;
 }
 
@@ -737,9 +539,6 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
 }
 
 #define MHA_INSTANTIATE(T)                                                                                          \
-  template MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOptions&,                  \
-                                                                const MultiheadAttentionArgs<T>&, int64_t, int64_t, \
-                                                                int64_t, bool);                                     \
   template MultiheadAttentionOutput<T> multihead_attention_forward(                                                 \
       const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>, View<const T>,           \
       View<const T>, const MultiheadAttentionArgs<T>&, bool, uint64_t, attention::Backend,                          \
@@ -748,6 +547,7 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
       const MultiheadAttentionOptions&, const MultiheadAttentionWeights<T>&, View<const T>,                         \
       const MultiheadAttentionSaved<T>&, const MultiheadAttentionWeightGradients<T>&, attention::Backend,           \
       const AttentionCore<T>&);                                                                                     \
+  template struct MultiheadAttentionMasks<T>;                                                                       \
   template struct MultiheadAttentionCache<T>;                                                                       \
   template class MultiheadAttention<T>;
 MHA_INSTANTIATE(float)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <string>
 
 #include "gelu_kernels.h"
@@ -41,7 +42,7 @@ panel_gemm::PackedLinear::Epilogue add_rows(float* out, const float* residual, i
 }  // namespace
 
 PackedTransformerEncoderLayer::PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer)
-    : options_(layer.options()), norm1_(1), norm2_(1) {
+    : options_(layer.options()), attention_options_(layer.self_attn.options()), norm1_(1), norm2_(1) {
   const auto params = parameters_by_name(layer);
   in_proj_ = panel_gemm::PackedLinear(parameter(params, "self_attn.in_proj_weight"),
                                       parameter(params, "self_attn.in_proj_bias"), "self_attn.in_proj");
@@ -77,14 +78,14 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
     // cpu_flash whatever L: automatic would take decode for batches of at most 16 tokens and
     // cpu_flash above, which round differently, and a sentence's result must not depend on the
     // batch it came in (the sentence encoder's promise: any batch size, any thread count).
-    attention::Options<float> opt;
+    // The masks and settings as the module makes them (MultiheadAttentionMasks::core_options).
+    MultiheadAttentionArgs<float> args;
+    args.need_weights = false;
+    if (key_padding_mask.defined())
+      args.key_padding_mask = Tensor<bool>({N, L}, std::span<const bool>(key_padding_mask.data(), static_cast<size_t>(N * L)));
+    const MultiheadAttentionMasks<float> masks = multihead_attention_masks(attention_options_, args, N, L, L, false);
+    attention::Options<float> opt = masks.core_options(0.0, 0);
     opt.backend = attention::Backend::cpu_flash;
-    Tensor<bool> attend;
-    if (key_padding_mask.defined()) {  // the core's polarity: true = may attend; (N, 1, 1, L)
-      attend = Tensor<bool>::uninitialized({N, 1, 1, L});
-      for (int64_t i = 0; i < N * L; ++i) attend[i] = !key_padding_mask.data()[i];
-      opt.attend_mask = attend;
-    }
     attention::sdpa_forward_into<float>(
         q, k, v, {View<float>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);
     Tensor<float> out = Tensor<float>::uninitialized({N, L, E});

@@ -27,65 +27,30 @@ namespace mha::attention {
 namespace {
 
 using mha::testing::expect_error;
-
 using namespace test_cases;
 
-FlashRule rule{"cpu_flash"};
+BackendCheck check_case{Backend::cpu_flash};  // against the reference, under FlashAttention's rule
 
-void check_case(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.describe());
-  const Inputs in = make_inputs(c, seed);
-  const Results<float> flash = run<float>(c, in, Backend::cpu_flash);
-  const Results<float> ref32 = run<float>(c, in, Backend::reference);
-  const Results<double> ref64 = run<double>(c, in, Backend::reference);
-  rule.expect(flash.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
-  rule.expect(flash.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
-  rule.expect(flash.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
-  rule.expect(flash.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
-  rule.expect(flash.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
-  if (c.need_weights) rule.expect(*flash.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
-}
-
-// Every pair (L, S) of lengths with every head size. Masks, causality, GQA, dropout and scale
-// cycle with the case number so that each appears with short, ragged and long sequences.
+// Every pair (L, S) of lengths, each length as L and as S (by diagonals: S is `shift` lengths
+// further on), with every head size (run_sweep).
 TEST(CpuFlash, MatchesReferenceOverTheSweep) {
   const int64_t lengths[] = {1, 7, 64, 97, 1025};
-  struct Dims {
-    int64_t qk, v;
-  };
-  const Dims dims[] = {{8, 8}, {59, 59}, {64, 64}, {128, 128}, {64, 32}, {24, 59}};
-  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {6, 1}, {1, 1}};
-  int case_number = 0;
-  for (const Dims& d : dims) {
-    for (int shift = 0; shift < 5; ++shift) {
-      for (int i = 0; i < 5; ++i, ++case_number) {
-        Case c;
-        c.q_len = lengths[i];
-        c.k_len = lengths[(i + shift) % 5];
-        c.qk_dim = d.qk;
-        c.v_dim = d.v;
-        vary_options(c, case_number, heads, 4);
-        check_case(c, 1000 + static_cast<uint64_t>(case_number));
-      }
-    }
-  }
-  std::cout << "[cpu_flash] sweep of " << case_number << " cases: largest fraction of the allowed error "
-            << rule.worst_fraction << "\n";
+  Sweep sweep{.heads = {{2, 2}, {4, 2}, {6, 1}, {1, 1}}, .first_seed = 1000};
+  for (int shift = 0; shift < 5; ++shift)
+    for (int i = 0; i < 5; ++i) sweep.lengths.emplace_back(lengths[i], lengths[(i + shift) % 5]);
+  check_case.sweep(sweep);
 }
 
 // Long sequences on both sides at once, with the features that change the tile walk.
 TEST(CpuFlash, MatchesReferenceOnLongSequences) {
-  Case c;
-  c.q_len = 1025;
-  c.k_len = 1025;
-  c.qk_dim = c.v_dim = 64;
-  c.causal = Causal::top_left;
+  Case c = sized(1, 2, 1, 1025, 1025, 64, 64);
+  c.scoring.causal = Causal::top_left;
   c.mask = MaskKind::additive_2d;
   check_case(c, 7);
   c.q_len = 300;
-  c.causal = Causal::bottom_right;
+  c.scoring.causal = Causal::bottom_right;
   c.mask = MaskKind::bool_2d;
-  c.dropout = 0.2;
+  c.scoring.dropout_p = 0.2;
   check_case(c, 8);
 }
 
@@ -94,39 +59,24 @@ TEST(CpuFlash, MatchesReferenceOnLongSequences) {
 // reference cheap; GQA, masks, both causal alignments, dropout and ragged sizes all cross the
 // segment boundaries (4096 keys).
 TEST(CpuFlash, MatchesReferenceOnLongKeySequences) {
-  Case c;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  c.q_len = 100;
-  c.k_len = 16385 + 97;
-  c.qk_dim = 59;
-  c.v_dim = 24;
+  Case c = sized(1, 4, 2, 100, 16385 + 97, 59, 24);
   c.mask = MaskKind::bool_padding;
   check_case(c, 51);
-  c.batch = 2;
-  c.q_len = 7;
-  c.causal = Causal::bottom_right;
+  c = sized(2, 4, 2, 7, 16385 + 97, 59, 24);
+  c.scoring.causal = Causal::bottom_right;
   c.mask = MaskKind::additive_heads;
-  c.dropout = 0.2;
+  c.scoring.dropout_p = 0.2;
   check_case(c, 52);
-  c.batch = 1;
-  c.q_len = 4500;  // top-left: the first 4096 queries see only the first segment, none the last three
-  c.k_len = 16385;
-  c.q_heads = c.kv_heads = 1;
-  c.qk_dim = c.v_dim = 8;
-  c.causal = Causal::top_left;
-  c.mask = MaskKind::none;
-  c.dropout = 0.0;
+  // top-left: the first 4096 queries see only the first segment, none the last three
+  c = sized(1, 1, 1, 4500, 16385, 8, 8);
+  c.scoring.causal = Causal::top_left;
   check_case(c, 53);
 }
 
 // L > S bottom-right: the first L − S queries see no key; plus a mask row that blocks everything.
 TEST(CpuFlash, FullyMaskedRowsGiveZeroOutputAndGradient) {
-  Case c;
-  c.q_len = 97;
-  c.k_len = 7;
-  c.qk_dim = c.v_dim = 59;
-  c.causal = Causal::bottom_right;
+  Case c = sized(1, 2, 1, 97, 7, 59, 59);
+  c.scoring.causal = Causal::bottom_right;
   c.mask = MaskKind::bool_2d;
   check_case(c, 21);
   Inputs in = make_inputs(c, 21);
@@ -144,18 +94,12 @@ TEST(CpuFlash, FullyMaskedRowsGiveZeroOutputAndGradient) {
 
 // The (B, Hq, L, S) weights (after dropout), only materialised when asked for.
 TEST(CpuFlash, WeightsMatchReference) {
-  Case c;
-  c.batch = 2;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  c.q_len = 97;
-  c.k_len = 300;
-  c.qk_dim = c.v_dim = 59;
+  Case c = sized(2, 4, 2, 97, 300, 59, 59);
   c.need_weights = true;
   for (MaskKind mask : {MaskKind::none, MaskKind::both}) {
     c.mask = mask;
-    c.causal = mask == MaskKind::none ? Causal::top_left : Causal::bottom_right;
-    c.dropout = mask == MaskKind::none ? 0.0 : 0.2;
+    c.scoring.causal = mask == MaskKind::none ? Causal::top_left : Causal::bottom_right;
+    c.scoring.dropout_p = mask == MaskKind::none ? 0.0 : 0.2;
     check_case(c, 31);
   }
 }
@@ -163,12 +107,9 @@ TEST(CpuFlash, WeightsMatchReference) {
 // The same output and gradients, bit for bit, for 1 and 2 threads, with shapes that split the
 // keys of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12), and with long keys.
 TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
-  Case few;
-  few.q_len = 200;
-  few.k_len = 1025;
-  few.qk_dim = few.v_dim = 64;
-  few.causal = Causal::bottom_right;
-  few.dropout = 0.1;
+  Case few = sized(1, 2, 1, 200, 1025, 64, 64);
+  few.scoring.causal = Causal::bottom_right;
+  few.scoring.dropout_p = 0.1;
   few.mask = MaskKind::additive_2d;
   Case many = few;
   many.batch = 2;
@@ -187,9 +128,6 @@ TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
     omp_set_num_threads(2);
     const Results<float> two = run<float>(c, in, Backend::cpu_flash);
     omp_set_num_threads(threads);
-    auto bitwise_equal = [](const auto& a, const auto& b) {
-      return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), sizeof(a[0]) * static_cast<size_t>(a.numel())) == 0;
-    };
     EXPECT_TRUE(bitwise_equal(one.fwd.output, two.fwd.output));
     EXPECT_TRUE(bitwise_equal(one.fwd.logsumexp, two.fwd.logsumexp));
     EXPECT_TRUE(bitwise_equal(one.grads.grad_query, two.grads.grad_query));
@@ -270,22 +208,14 @@ TEST(CpuFlash, EveryCompiledTargetMatchesReference) {
   for (const std::string& target : targets) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    Case c;
-    c.q_heads = 4;
-    c.kv_heads = 2;
-    c.q_len = 97;
-    c.k_len = 300;
-    c.qk_dim = 59;
-    c.v_dim = 24;
+    Case c = sized(1, 4, 2, 97, 300, 59, 24);
     c.mask = MaskKind::both;
-    c.causal = Causal::top_left;
+    c.scoring.causal = Causal::top_left;
     c.need_weights = true;
     check_case(c, 51);
-    c.mask = MaskKind::none;
-    c.causal = Causal::none;
-    c.dropout = 0.2;
-    c.q_len = 7;
-    c.qk_dim = c.v_dim = 64;
+    c = sized(1, 4, 2, 7, 300, 64, 64);
+    c.scoring.dropout_p = 0.2;
+    c.need_weights = true;
     check_case(c, 52);
     // NaN still reaches its row on every target (the exponential relies on no special case).
     Tensor<float> q({1, 1, 2, 2}, {std::nanf(""), 1.0f, 0.5f, 0.5f}), k({1, 1, 3, 2}, 0.25f), v({1, 1, 3, 1}, 1.0f);

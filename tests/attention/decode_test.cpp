@@ -30,76 +30,38 @@ namespace {
 using mha::testing::expect_error;
 using namespace test_cases;
 
-FlashRule rule{"decode"};
-
-void check_case(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.describe());
-  const Inputs in = make_inputs(c, seed);
-  const ForwardResult<float> decoded = run_forward<float>(c, in, Backend::decode);
-  const ForwardResult<float> ref32 = run_forward<float>(c, in, Backend::reference);
-  const ForwardResult<double> ref64 = run_forward<double>(c, in, Backend::reference);
-  rule.expect(decoded.output, ref32.output, ref64.output, "output");
-  rule.expect(decoded.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
-}
+// The forward only: the backward of a decode call is cpu_flash's.
+BackendCheck check_case{Backend::decode};
+FlashRule& rule = check_case.rule;
 
 // Query lengths 1..16 against key lengths around the chunk sizes (256 keys for up to 7 rows per
-// kv head, more for more rows), head sizes whole and ragged against the vector width.
+// kv head, more for more rows), head sizes whole and ragged against the vector width (run_sweep).
 TEST(Decode, MatchesReferenceOverTheSweep) {
-  const int64_t query_lengths[] = {1, 2, 5, 16};
-  const int64_t key_lengths[] = {1, 7, 97, 256, 257, 1025, 4099};
-  struct Dims {
-    int64_t qk, v;
-  };
-  const Dims dims[] = {{8, 8}, {59, 59}, {64, 64}, {128, 128}, {64, 32}, {24, 59}};
-  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {6, 1}, {1, 1}, {32, 8}};
-  int case_number = 0;
-  for (const Dims& d : dims) {
-    for (int64_t L : query_lengths) {
-      for (int64_t S : key_lengths) {
-        Case c;
-        c.q_len = L;
-        c.k_len = S;
-        c.qk_dim = d.qk;
-        c.v_dim = d.v;
-        vary_options(c, case_number, heads, 5);
-        check_case(c, 3000 + static_cast<uint64_t>(case_number));
-        ++case_number;
-      }
-    }
-  }
-  std::cout << "[decode] sweep of " << case_number << " cases: largest fraction of the allowed error "
-            << rule.worst_fraction << "\n";
+  const Sweep sweep{.lengths = every_pair({1, 2, 5, 16}, {1, 7, 97, 256, 257, 1025, 4099}),
+                    .heads = {{2, 2}, {4, 2}, {6, 1}, {1, 1}, {32, 8}},
+                    .first_seed = 3000};
+  check_case.sweep(sweep);
 }
 
 // Many rows per kv head (MQA, 32 heads × 16 queries = 512 rows: row blocks of 64 and chunks of
 // 4096 keys), and long caches with 1 row (many chunks of 256).
 TEST(Decode, MatchesReferenceWithManyRowsAndLongCaches) {
-  Case c;
-  c.q_heads = 32;
-  c.kv_heads = 1;
-  c.q_len = 16;
-  c.k_len = 5000;
-  c.qk_dim = c.v_dim = 64;
-  c.causal = Causal::bottom_right;
+  Case c = sized(1, 32, 1, 16, 5000, 64, 64);
+  c.scoring.causal = Causal::bottom_right;
   c.mask = MaskKind::bool_padding;
   check_case(c, 61);
-  c.q_heads = 4;
-  c.kv_heads = 4;
-  c.q_len = 1;
-  c.k_len = 20000;
+  c = sized(1, 4, 4, 1, 20000, 64, 64);
+  c.scoring.causal = Causal::bottom_right;
   c.mask = MaskKind::additive_heads;
-  c.dropout = 0.1;
+  c.scoring.dropout_p = 0.1;
   check_case(c, 62);
 }
 
 // L > S bottom-right: the first queries see no key (output 0, logsumexp −inf, no NaN); a NaN
 // score reaches its row only.
 TEST(Decode, FullyMaskedAndNaNRows) {
-  Case c;
-  c.q_len = 12;
-  c.k_len = 5;
-  c.qk_dim = c.v_dim = 16;
-  c.causal = Causal::bottom_right;
+  Case c = sized(1, 2, 1, 12, 5, 16, 16);
+  c.scoring.causal = Causal::bottom_right;
   check_case(c, 71);
   const Inputs in = make_inputs(c, 71);
   const ForwardResult<float> r = run_forward<float>(c, in, Backend::decode);
@@ -119,20 +81,11 @@ TEST(Decode, FullyMaskedAndNaNRows) {
   EXPECT_NEAR(nan_row.output[1], 1.0f, 1e-6f);
 }
 
-bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
-}
-
 // automatic sends float calls of at most 16 query rows without weights to decode, others to
 // cpu_flash; the backward of a decode call is cpu_flash's.
 TEST(Decode, AutomaticChoosesDecodeForFewQueryRows) {
-  Case c;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  c.k_len = 700;
-  c.qk_dim = c.v_dim = 32;
   for (int64_t L : {1, 16, 17}) {
-    c.q_len = L;
+    const Case c = sized(1, 4, 2, L, 700, 32, 32);
     const Inputs in = make_inputs(c, 81);
     const Backend expected = L <= 16 ? Backend::decode : Backend::cpu_flash;
     EXPECT_TRUE(bitwise_equal(run_forward<float>(c, in, Backend::automatic).output, run_forward<float>(c, in, expected).output))
@@ -150,12 +103,8 @@ TEST(Decode, AutomaticChoosesDecodeForFewQueryRows) {
 TEST(Decode, BackwardRecomputesTheScoresItsLogsumexpIsOf) {
   FlashRule rule{"decode backward", true};
   for (Causal causal : {Causal::none, Causal::top_left}) {
-    Case c;
-    c.batch = 4;
-    c.q_heads = c.kv_heads = 1;
-    c.q_len = 3;
-    c.k_len = 6;
-    c.causal = causal;
+    Case c = sized(4, 1, 1, 3, 6, 8, 8);
+    c.scoring.causal = causal;
     Inputs in = make_inputs(c, 83);
     for (Tensor<float>* t : {&in.q, &in.k, &in.v})
       for (auto& x : t->values()) x = std::clamp(3 * x, -9.0f, 9.0f);
@@ -173,16 +122,11 @@ TEST(Decode, BackwardRecomputesTheScoresItsLogsumexpIsOf) {
 // Chunk boundaries depend on the shape only: 1 and 2 threads give the same bits, with one row,
 // a GQA group of 4 rows, and 64 rows per kv head.
 TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
-  Case c;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.k_len = 5000;
-  c.qk_dim = c.v_dim = 64;
-  c.causal = Causal::bottom_right;
-  c.mask = MaskKind::additive_2d;
-  c.dropout = 0.1;
   for (int64_t L : {1, 16}) {
-    c.q_len = L;
+    Case c = sized(1, 8, 2, L, 5000, 64, 64);
+    c.scoring.causal = Causal::bottom_right;
+    c.mask = MaskKind::additive_2d;
+    c.scoring.dropout_p = 0.1;
     SCOPED_TRACE(c.describe());
     const Inputs in = make_inputs(c, 91);
     const int threads = omp_get_max_threads();
@@ -234,20 +178,16 @@ void check_half_storage(const Case& c, uint64_t seed) {
 
 TEST(Decode, HalfPrecisionKeysAndValues) {
   Case c;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.k_len = 1000;
-  c.qk_dim = c.v_dim = 64;
-  c.causal = Causal::bottom_right;
   for (int64_t L : {1, 4}) {
-    c.q_len = L;
+    c = sized(1, 8, 2, L, 1000, 64, 64);
+    c.scoring.causal = Causal::bottom_right;
     check_half_storage<bfloat16>(c, 101);
     check_half_storage<float16>(c, 102);
   }
   c.qk_dim = 59;  // ragged rows, a mask, dropout
   c.v_dim = 24;
   c.mask = MaskKind::both;
-  c.dropout = 0.2;
+  c.scoring.dropout_p = 0.2;
   check_half_storage<bfloat16>(c, 103);
   check_half_storage<float16>(c, 104);
 }
@@ -316,17 +256,11 @@ TEST(Decode, EveryCompiledTargetMatchesReference) {
   for (const std::string& target : simd_targets()) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    Case c;
-    c.q_heads = 8;
-    c.kv_heads = 2;
-    c.q_len = 3;
-    c.k_len = 600;
-    c.qk_dim = 64;
-    c.v_dim = 59;
+    Case c = sized(1, 8, 2, 3, 600, 64, 59);
     c.mask = MaskKind::both;
-    c.causal = Causal::top_left;
+    c.scoring.causal = Causal::top_left;
     check_case(c, 111);
-    c.causal = Causal::bottom_right;
+    c.scoring.causal = Causal::bottom_right;
     c.qk_dim = c.v_dim = 128;
     check_half_storage<bfloat16>(c, 112);
     check_half_storage<float16>(c, 113);

@@ -2,6 +2,11 @@
 // (tests/goldens/sdpa): float32 under the FlashAttention rule, float64 at 1e-10.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+
 #include "../support/golden.h"
 #include "mha/attention/attention.h"
 
@@ -18,14 +23,53 @@ Causal parse_causal(const std::string& s) {
   return Causal::none;
 }
 
+// One metadata string as a settings field of type V: Causal by name, an optional as absent when
+// empty, bool as true/false, numbers as written.
+template <class V>
+V parse_field(const std::string& text, const std::string& name) {
+  if constexpr (std::is_same_v<V, Causal>) {
+    return parse_causal(text);
+  } else if constexpr (requires(V v) { v.has_value(); v.reset(); }) {
+    if (text.empty()) return std::nullopt;
+    return parse_field<typename V::value_type>(text, name);
+  } else if constexpr (std::is_same_v<V, bool>) {
+    EXPECT_TRUE(text == "true" || text == "false") << name << ": " << text;
+    return text == "true";
+  } else if constexpr (std::is_floating_point_v<V>) {
+    return static_cast<V>(std::stod(text));
+  } else if constexpr (std::is_unsigned_v<V>) {
+    return static_cast<V>(std::stoull(text));
+  } else if constexpr (std::is_integral_v<V>) {
+    return static_cast<V>(std::stoll(text));
+  } else {
+    static_assert(std::is_enum_v<V>, "a Scoring field type the goldens' metadata cannot give");
+    return static_cast<V>(std::stoll(text));
+  }
+}
+
+// Every field of a settings struct that the metadata names (Scoring::visit_fields; a nested struct
+// as "outer.inner"); a field it does not name keeps its default.
+template <class Settings>
+void read_fields(const std::map<std::string, std::string>& metadata, const std::string& prefix, Settings& settings) {
+  Settings::visit_fields([&](const char* name, auto member) {
+    auto& value = settings.*member;
+    using V = std::decay_t<decltype(value)>;
+    const std::string key = prefix + name;
+    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
+      read_fields(metadata, key + ".", value);
+    } else if (auto it = metadata.find(key); it != metadata.end()) {
+      value = parse_field<V>(it->second, key);
+    }
+  });
+}
+
 // Runs one golden case in precision T and returns the results under the golden's names.
 template <class T>
 st::File run_case(const st::File& inputs) {
   auto input = [&](const char* name) { return st::to_tensor<T>(st::require(inputs, name, "inputs"), name); };
   const Tensor<T> q = input("query"), k = input("key"), v = input("value"), dout = input("grad_output");
   Options<T> opt;
-  opt.causal = parse_causal(inputs.metadata.at("causal"));
-  if (!inputs.metadata.at("scale").empty()) opt.scale = std::stod(inputs.metadata.at("scale"));
+  read_fields(inputs.metadata, "", static_cast<Scoring&>(opt));
   // PyTorch's bool mask has SDPA polarity (True = may attend), the same as attend_mask.
   std::optional<Tensor<bool>> attend;
   std::optional<Tensor<T>> additive;
@@ -59,6 +103,25 @@ TEST_P(SdpaGolden, MatchesPyTorch) {
   const double worst32 = testing::expect_matches_golden(run_case<float>(inputs), expected, torch32, name + " float32");
   const double worst64 = testing::expect_matches_golden(run_case<double>(inputs), expected, torch32, name + " float64", 1e-10);
   std::cout << "[golden] sdpa " << name << " largest fraction of the allowed error: float32 " << worst32 << ", float64 " << worst64 << "\n";
+}
+
+// The metadata is read through Scoring's field list: a field it names is set, one it omits keeps
+// its default, a nested field is "whole_call.<name>", and other keys are ignored.
+TEST(SdpaGoldenMetadata, ReadsEveryScoringFieldItNames) {
+  Scoring s;
+  read_fields({{"causal", "bottom_right"}, {"scale", "-0.45"}, {"dropout_seed", "7"}, {"whole_call.key_len", "9"},
+               {"description", "ignored"}},
+              "", s);
+  Scoring want;
+  want.causal = Causal::bottom_right;
+  want.scale = -0.45;
+  want.dropout_seed = 7;
+  want.whole_call.key_len = 9;
+  EXPECT_EQ(s, want);
+  read_fields({{"scale", ""}, {"dropout_p", "0.25"}}, "", s);
+  want.scale.reset();
+  want.dropout_p = 0.25;
+  EXPECT_EQ(s, want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, SdpaGolden, ::testing::ValuesIn(testing::golden_cases("sdpa")),

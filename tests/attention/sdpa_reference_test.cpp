@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "../support/assertions.h"
+#include "../support/attention_cases.h"
 #include "../support/gradient_check.h"
 #include "../support/golden.h"
 #include "mha/attention/attention.h"
@@ -28,35 +29,16 @@ Tensor<double> random_tensor(const Shape& shape, Generator& gen) {
   return t;
 }
 
-struct Case {
-  int64_t batch, q_heads, kv_heads, q_len, k_len, qk_dim, v_dim;
-  Causal causal = Causal::none;
-  bool bool_mask = false, float_mask = false;
-  double dropout = 0.0;
-  std::optional<double> scale;
-};
+using test_cases::Case;
+using test_cases::MaskKind;
 
 // Checks dQ, dK, dV of the reference backend in double against finite differences.
 void check_gradients(const Case& c, uint64_t seed) {
-  Generator gen(seed);
-  Tensor<double> q = random_tensor({c.batch, c.q_heads, c.q_len, c.qk_dim}, gen);
-  Tensor<double> k = random_tensor({c.batch, c.kv_heads, c.k_len, c.qk_dim}, gen);
-  Tensor<double> v = random_tensor({c.batch, c.kv_heads, c.k_len, c.v_dim}, gen);
-  Tensor<double> grad_out = random_tensor({c.batch, c.q_heads, c.q_len, c.v_dim}, gen);
-  // Masks broadcast over heads; the bool one blocks ~30% of pairs, the float one adds noise
-  // and a few −inf.
-  Tensor<bool> attend({c.batch, 1, c.q_len, c.k_len}, true);
-  Tensor<double> additive({c.q_len, c.k_len});
-  for (auto& x : attend.values()) x = gen.uniform() > 0.3;
-  for (auto& x : additive.values()) x = gen.uniform() < 0.15 ? -kInf : gen.normal(0.0, 0.5);
-
-  Options<double> opt;
-  if (c.bool_mask) opt.attend_mask = attend;
-  if (c.float_mask) opt.additive_mask = additive;
-  opt.causal = c.causal;
-  opt.dropout_p = c.dropout;
-  opt.dropout_seed = seed * 7 + 1;
-  opt.scale = c.scale;
+  const test_cases::Inputs in = test_cases::make_inputs(c, seed);
+  Tensor<double> q = mha::cast<double>(in.q), k = mha::cast<double>(in.k), v = mha::cast<double>(in.v);
+  const Tensor<double> grad_out = mha::cast<double>(in.dout);
+  std::optional<Tensor<double>> additive;
+  const Options<double> opt = test_cases::options_of<double>(c, in, Backend::reference, additive);
 
   ForwardResult<double> fwd = sdpa_forward(q, k, v, opt);
   Gradients<double> g = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, grad_out, opt);
@@ -66,8 +48,12 @@ void check_gradients(const Case& c, uint64_t seed) {
   EXPECT_TRUE(check_gradient(replacing(v, forward), v, grad_out, g.grad_value)) << "grad_value";
 }
 
+// Masks broadcast over heads: a bool one (B, 1, L, S) that blocks ~30% of pairs, a float one
+// (L, S) with noise and a few −inf, or both.
 TEST(SdpaReference, GradientsMatchFiniteDifferencesOnRandomShapes) {
   Generator pick(2024);
+  const MaskKind masks[] = {MaskKind::none, MaskKind::bool_batch, MaskKind::additive_2d,
+                            MaskKind::bool_batch_additive_2d};
   for (int trial = 0; trial < 24; ++trial) {
     Case c;
     c.batch = 1 + static_cast<int64_t>(pick.uniform() * 2);
@@ -77,15 +63,14 @@ TEST(SdpaReference, GradientsMatchFiniteDifferencesOnRandomShapes) {
     c.k_len = 1 + static_cast<int64_t>(pick.uniform() * 6);
     c.qk_dim = 1 + static_cast<int64_t>(pick.uniform() * 5);
     c.v_dim = 1 + static_cast<int64_t>(pick.uniform() * 5);
-    c.causal = static_cast<Causal>(trial % 3);
-    c.bool_mask = trial % 4 == 1 || trial % 4 == 3;
-    c.float_mask = trial % 4 >= 2;
-    c.dropout = trial % 5 == 4 ? 0.3 : 0.0;
-    if (trial % 6 == 5) c.scale = -0.7;
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": B" << c.batch << " Hq" << c.q_heads << " Hkv"
-                                    << c.kv_heads << " L" << c.q_len << " S" << c.k_len << " Dqk" << c.qk_dim
-                                    << " Dv" << c.v_dim << " causal " << static_cast<int>(c.causal));
-    check_gradients(c, 100 + static_cast<uint64_t>(trial));
+    c.scoring.causal = static_cast<Causal>(trial % 3);
+    c.mask = masks[trial % 4];
+    c.scoring.dropout_p = trial % 5 == 4 ? 0.3 : 0.0;
+    if (trial % 6 == 5) c.scoring.scale = -0.7;
+    const auto seed = 100 + static_cast<uint64_t>(trial);
+    c.scoring.dropout_seed = seed * 7 + 1;
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << c.describe());
+    check_gradients(c, seed);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../support/assertions.h"
+#include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
 #include "mha/core/view.h"
@@ -65,34 +66,35 @@ void expect_bitwise(const Tensor<T>& got, const Tensor<T>& want, const char* wha
   ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(T) * static_cast<size_t>(got.numel())), 0) << what;
 }
 
+// A case on a backend: a (S) key mask and an additive (L, S) mask (MaskKind::bool_keys_additive_2d).
 struct ViewCase {
   Backend backend;
-  Causal causal;
-  double dropout;
-  bool need_weights;
+  test_cases::Case c;
+
+  ViewCase(Backend b, Causal causal, double dropout, bool need_weights) : backend(b), c(test_cases::sized(2, 4, 2, 37, 29, 16, 8)) {
+    c.mask = test_cases::MaskKind::bool_keys_additive_2d;
+    c.scoring.causal = causal;
+    c.scoring.dropout_p = dropout;
+    c.scoring.dropout_seed = 11;
+    c.need_weights = need_weights;
+  }
 };
 
 template <class T>
-void check_views_match_tensors(const ViewCase& c) {
-  const int64_t B = 2, Hq = 4, Hkv = 2, L = 37, S = 29, D = 16, Dv = 8;
-  Generator gen(7);
-  const Tensor<T> q = random_tensor<T>({B, Hq, L, D}, gen), k = random_tensor<T>({B, Hkv, S, D}, gen),
-                  v = random_tensor<T>({B, Hkv, S, Dv}, gen), dout = random_tensor<T>({B, Hq, L, Dv}, gen);
-  // Masks as views: a (S) key mask expanded to (B, Hq, L, S) with strides 0 (as torch's expand
+void check_views_match_tensors(const ViewCase& vc) {
+  const test_cases::Case& c = vc.c;
+  SCOPED_TRACE(std::string(test_cases::name_of(vc.backend)) + " " + c.describe());
+  const int64_t B = c.batch, Hq = c.q_heads, Hkv = c.kv_heads, L = c.q_len, S = c.k_len, D = c.qk_dim, Dv = c.v_dim;
+  const test_cases::Inputs in = test_cases::make_inputs(c, 7);
+  const Tensor<T> q = cast<T>(in.q), k = cast<T>(in.k), v = cast<T>(in.v), dout = cast<T>(in.dout);
+  // Masks as views: the (S) key mask expanded to (B, Hq, L, S) with strides 0 (as torch's expand
   // gives), against the same mask materialised.
-  Tensor<bool> keys({S});
-  for (int64_t j = 0; j < S; ++j) keys[j] = j % 5 != 3;
+  const Tensor<bool>& keys = *in.attend;
   Tensor<bool> keys_full({B, Hq, L, S});
   for (int64_t i = 0; i < keys_full.numel(); ++i) keys_full[i] = keys[i % S];
-  Tensor<T> additive = random_tensor<T>({L, S}, gen);
 
-  Options<T> opt;
-  opt.backend = c.backend;
-  opt.causal = c.causal;
-  opt.dropout_p = c.dropout;
-  opt.dropout_seed = 11;
-  opt.need_weights = c.need_weights;
-  opt.additive_mask = additive;
+  std::optional<Tensor<T>> additive;
+  Options<T> opt = test_cases::options_of<T>(c, in, vc.backend, additive);
   opt.attend_mask = keys_full;
   const ForwardResult<T> want = sdpa_forward(q, k, v, opt);
   const Gradients<T> want_grads = sdpa_backward(q, k, v, want.output, want.logsumexp, dout, opt);
@@ -127,9 +129,6 @@ TEST(AttentionViews, StridedInputsAndOutputsGiveBitwiseWhatTensorsGive) {
     for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
       for (double dropout : {0.0, 0.3})
         for (bool weights : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend) << " causal "
-                                            << static_cast<int>(causal) << " dropout " << dropout << " weights "
-                                            << weights);
           check_views_match_tensors<float>({backend, causal, dropout, weights});
           if (backend == Backend::reference) check_views_match_tensors<double>({backend, causal, dropout, weights});
         }

@@ -1,4 +1,4 @@
-// Options::positions: a call that is a block of a larger one. Blocks of query rows and of heads
+// Options::whole_call: a call that is a block of a larger one. Blocks of query rows and of heads
 // give the whole call's rows bit for bit (causal masks and dropout at the whole call's positions);
 // blocks of keys merged by merge_partial give the whole call's output and logsumexp, and their
 // backwards, accumulated, its gradients (to rounding: the double reference within 1e-12, float
@@ -21,6 +21,7 @@ namespace mha::attention {
 namespace {
 
 using mha::testing::expect_error;
+using test_cases::copy_of;
 using test_cases::FlashRule;
 using test_cases::max_diff;
 
@@ -28,21 +29,6 @@ template <class T>
 Tensor<T> random_tensor(const Shape& shape, Generator& gen) {
   Tensor<T> t(shape);
   for (auto& x : t.values()) x = static_cast<T>(gen.uniform(-2.0, 2.0));
-  return t;
-}
-
-// A contiguous copy of a view.
-template <class T>
-Tensor<std::remove_const_t<T>> copy_of(View<T> v) {
-  Tensor<std::remove_const_t<T>> t(v.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    int64_t offset = 0, rest = i;
-    for (int64_t a = v.dim() - 1; a >= 0; --a) {
-      offset += (rest % v.size(a)) * v.stride(a);
-      rest /= v.size(a);
-    }
-    t[i] = v.data()[offset];
-  }
   return t;
 }
 
@@ -57,53 +43,52 @@ void expect_bitwise(const Tensor<T>& got, const Tensor<T>& want, const std::stri
   EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(T) * static_cast<size_t>(got.numel())), 0) << what;
 }
 
-struct Case {
-  Backend backend;
-  Causal causal;
-  double dropout;
-  bool masked;  // an attend_mask (B, 1, L, S) that hides some keys and whole rows
-};
-
 constexpr int64_t B = 2, Hq = 4, Hkv = 2, G = Hq / Hkv, L = 37, S = 45, D = 16, Dv = 8;
+
+// A case of these shapes on a backend; masked: an attend_mask (B, 1, L, S) that hides some keys
+// and whole rows (MaskKind::empty_rows).
+struct BlockCase {
+  Backend backend;
+  test_cases::Case c;
+
+  BlockCase(Backend b, Causal causal, double dropout, bool masked) : backend(b), c(test_cases::sized(B, Hq, Hkv, L, S, D, Dv)) {
+    c.scoring.causal = causal;
+    c.scoring.dropout_p = dropout;
+    c.mask = masked ? test_cases::MaskKind::empty_rows : test_cases::MaskKind::none;
+  }
+  bool masked() const { return c.mask != test_cases::MaskKind::none; }
+  BlockCase on(Backend other) const {
+    BlockCase moved = *this;
+    moved.backend = other;
+    return moved;
+  }
+  std::string describe() const { return std::string(test_cases::name_of(backend)) + " " + c.describe(); }
+};
 
 template <class T>
 struct Problem {
+  test_cases::Inputs in;
   Tensor<T> q, k, v, dout;
-  Tensor<bool> keep;
+  std::optional<Tensor<T>> additive;
   Options<T> options;
 
-  Problem(const Case& c, uint64_t seed) {
-    Generator gen(seed);
-    q = random_tensor<T>({B, Hq, L, D}, gen);
-    k = random_tensor<T>({B, Hkv, S, D}, gen);
-    v = random_tensor<T>({B, Hkv, S, Dv}, gen);
-    dout = random_tensor<T>({B, Hq, L, Dv}, gen);
-    keep = Tensor<bool>({B, 1, L, S});
-    for (int64_t i = 0; i < keep.numel(); ++i) {
-      const int64_t row = (i / S) % L;
-      keep[i] = row % 7 != 3 && gen.uniform(0.0, 1.0) > 0.2;  // rows 3, 10, ... see nothing
-    }
-    options.causal = c.causal;
-    options.dropout_p = c.dropout;
-    options.dropout_seed = 1234;
-    options.backend = c.backend;
-    if (c.masked) options.attend_mask = keep;
+  Problem(const BlockCase& bc, uint64_t seed) : in(test_cases::make_inputs(bc.c, seed)) {
+    q = cast<T>(in.q);
+    k = cast<T>(in.k);
+    v = cast<T>(in.v);
+    dout = cast<T>(in.dout);
+    options = test_cases::options_of<T>(bc.c, in, bc.backend, additive);
   }
+  Problem(const Problem&) = delete;  // the options view the masks held here
+  const Tensor<bool>& keep() const { return *in.attend; }
 };
-
-std::string name(const Case& c) {
-  const char* causal[] = {"none", "top_left", "bottom_right"};
-  return std::string(c.backend == Backend::reference ? "reference" : c.backend == Backend::cpu_flash ? "cpu_flash" : "decode") +
-         " causal " + causal[static_cast<int>(c.causal)] + " dropout " + std::to_string(c.dropout) +
-         (c.masked ? " masked" : "");
-}
 
 // Rows [r0, r0 + n) of heads [h0, h0 + nh) as a call of their own: the whole call's results there,
 // bit for bit; the backward's grad_query too (each row's gradient sums over all keys, as there),
 // and with every row, grad_key and grad_value of the block's kv heads.
 template <class T>
-void check_query_and_head_blocks(const Case& c) {
-  SCOPED_TRACE(name(c));
+void check_query_and_head_blocks(const BlockCase& c) {
+  SCOPED_TRACE(c.describe());
   const Problem<T> pr(c, 11);
   const auto whole = sdpa_forward(pr.q, pr.k, pr.v, pr.options);
   const auto grads = sdpa_backward(pr.q, pr.k, pr.v, whole.output, whole.logsumexp, pr.dout, pr.options);
@@ -117,8 +102,8 @@ void check_query_and_head_blocks(const Case& c) {
       auto rows = [&](const auto& t) { return View<const T>(t).slice(2, r0, n).slice(1, h0, nh); };
       auto kv = [&](const auto& t) { return View<const T>(t).slice(1, h0 / G, nh / G); };
       Options<T> opt = pr.options;
-      opt.positions = {r0, 0, h0, L, S, Hq};
-      if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(2, r0, n);
+      opt.whole_call = {r0, 0, h0, L, S, Hq};
+      if (c.masked()) opt.attend_mask = View<const bool>(pr.keep()).slice(2, r0, n);
       Tensor<T> out({B, nh, n, Dv});
       Tensor<double> lse({B, nh, n});
       sdpa_forward_into<T>(rows(pr.q), kv(pr.k), kv(pr.v), {out, lse, {}}, opt);
@@ -137,7 +122,7 @@ void check_query_and_head_blocks(const Case& c) {
     }
 }
 
-TEST(Positions, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
+TEST(WholeCall, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
   for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
     for (double dropout : {0.0, 0.3})
       for (bool masked : {false, true}) {
@@ -151,7 +136,7 @@ TEST(Positions, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
 // cpu_flash's backward splits a kv head's query blocks into chunks when the call has few (b, kv
 // head) pairs; a block of heads splits them as the whole call does, so it sums dK and dV in the
 // same order (with 400 rows: 4 chunks for the whole call's 2 kv heads, 8 for one alone).
-TEST(Positions, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
+TEST(WholeCall, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
   Generator gen(3);
   const int64_t n = 400;
   const Tensor<float> q = random_tensor<float>({1, 4, n, D}, gen), k = random_tensor<float>({1, 2, n, D}, gen),
@@ -162,7 +147,7 @@ TEST(Positions, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
   const auto f = sdpa_forward(q, k, v, opt);
   const auto g = sdpa_backward(q, k, v, f.output, f.logsumexp, dout, opt);
   auto heads = [](const auto& t, int64_t h0, int64_t nh) { return View<const float>(t).slice(1, h0, nh); };
-  opt.positions = {0, 0, 2, 0, 0, 4};
+  opt.whole_call = {0, 0, 2, 0, 0, 4};
   Tensor<float> dq({1, 2, n, D}), dk({1, 1, n, D}), dv({1, 1, n, Dv});
   sdpa_backward_into<float>(heads(q, 2, 2), heads(k, 1, 1), heads(v, 1, 1), heads(f.output, 2, 2),
                             View<const double>(f.logsumexp).slice(1, 2, 2), heads(dout, 2, 2), {dq, dk, dv}, opt);
@@ -174,8 +159,8 @@ TEST(Positions, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
 // merged, the whole call's output and logsumexp; backwards given the merged output and logsumexp,
 // adding into one grad_query and into each block's rows of grad_key and grad_value, its gradients.
 template <class T>
-void check_key_blocks(const Case& c, FlashRule& rule) {
-  SCOPED_TRACE(name(c));
+void check_key_blocks(const BlockCase& c, FlashRule& rule) {
+  SCOPED_TRACE(c.describe());
   const Problem<T> pr(c, 23);
   const int64_t key_blocks[][2] = {{0, 13}, {13, 1}, {14, 17}, {31, 14}};
 
@@ -183,8 +168,8 @@ void check_key_blocks(const Case& c, FlashRule& rule) {
   fill(lse, -std::numeric_limits<double>::infinity());  // nothing merged yet
   for (const auto& kb : key_blocks) {
     Options<T> opt = pr.options;
-    opt.positions = {0, kb[0], 0, L, S, Hq};
-    if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(3, kb[0], kb[1]);
+    opt.whole_call = {0, kb[0], 0, L, S, Hq};
+    if (c.masked()) opt.attend_mask = View<const bool>(pr.keep()).slice(3, kb[0], kb[1]);
     Tensor<T> out({B, Hq, L, Dv});
     Tensor<double> block_lse({B, Hq, L});
     sdpa_forward_into<T>(pr.q, View<const T>(pr.k).slice(2, kb[0], kb[1]), View<const T>(pr.v).slice(2, kb[0], kb[1]),
@@ -197,22 +182,17 @@ void check_key_blocks(const Case& c, FlashRule& rule) {
   Tensor<T> dq({B, Hq, L, D}), dk({B, Hkv, S, D}), dv({B, Hkv, S, Dv});
   for (const auto& kb : key_blocks) {
     Options<T> opt = pr.options;
-    opt.positions = {0, kb[0], 0, L, S, Hq};
-    if (c.masked) opt.attend_mask = View<const bool>(pr.keep).slice(3, kb[0], kb[1]);
+    opt.whole_call = {0, kb[0], 0, L, S, Hq};
+    if (c.masked()) opt.attend_mask = View<const bool>(pr.keep()).slice(3, kb[0], kb[1]);
     auto keys = [&](auto& t) { return View<T>(t).slice(2, kb[0], kb[1]); };
     sdpa_backward_into<T>(pr.q, View<const T>(pr.k).slice(2, kb[0], kb[1]), View<const T>(pr.v).slice(2, kb[0], kb[1]),
                           output, lse, pr.dout, {dq, keys(dk), keys(dv), /*accumulate=*/true}, opt);
   }
 
   // The whole call in double (the reference), and for float the float reference beside it.
-  Options<double> opt64;
-  opt64.causal = c.causal;
-  opt64.dropout_p = c.dropout;
-  opt64.dropout_seed = pr.options.dropout_seed;
-  opt64.backend = Backend::reference;
-  const Tensor<double> q64 = cast<double>(pr.q), k64 = cast<double>(pr.k),
-                       v64 = cast<double>(pr.v), dout64 = cast<double>(pr.dout);
-  if (c.masked) opt64.attend_mask = pr.keep;
+  const Problem<double> pr64(BlockCase(c).on(Backend::reference), 23);
+  const Tensor<double>&q64 = pr64.q, &k64 = pr64.k, &v64 = pr64.v, &dout64 = pr64.dout;
+  const Options<double>& opt64 = pr64.options;
   const auto whole64 = sdpa_forward(q64, k64, v64, opt64);
   const auto grads64 = sdpa_backward(q64, k64, v64, whole64.output, whole64.logsumexp, dout64, opt64);
   if constexpr (std::is_same_v<T, double>) {
@@ -234,7 +214,7 @@ void check_key_blocks(const Case& c, FlashRule& rule) {
   }
 }
 
-TEST(Positions, KeyBlocksMergedGiveTheWholeCall) {
+TEST(WholeCall, KeyBlocksMergedGiveTheWholeCall) {
   FlashRule rule{"key blocks"};
   for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
     for (double dropout : {0.0, 0.3})
@@ -246,7 +226,7 @@ TEST(Positions, KeyBlocksMergedGiveTheWholeCall) {
   std::printf("key blocks, float: largest error / allowed %.3f\n", rule.worst_fraction);
 }
 
-TEST(Positions, AccumulateAddsToWhatTheGradientsHold) {
+TEST(WholeCall, AccumulateAddsToWhatTheGradientsHold) {
   const Problem<double> pr({Backend::reference, Causal::top_left, 0.0, false}, 5);
   const auto f = sdpa_forward(pr.q, pr.k, pr.v, pr.options);
   const auto g = sdpa_backward(pr.q, pr.k, pr.v, f.output, f.logsumexp, pr.dout, pr.options);
@@ -265,7 +245,7 @@ TEST(Positions, AccumulateAddsToWhatTheGradientsHold) {
   expect_bitwise(dq, g.grad_query, "grad_query overwritten");
 }
 
-TEST(Positions, MergeKeepsFullyMaskedRowsAtZeroAndNaNsVisible) {
+TEST(WholeCall, MergeKeepsFullyMaskedRowsAtZeroAndNaNsVisible) {
   Tensor<double> out({1, 1, 3, 2}), lse({1, 1, 3});
   fill(lse, -std::numeric_limits<double>::infinity());
   Tensor<float> block({1, 1, 3, 2});
@@ -287,16 +267,16 @@ TEST(Positions, MergeKeepsFullyMaskedRowsAtZeroAndNaNsVisible) {
   expect_error([&] { merge_partial<float>(out, lse, Tensor<float>({1, 1, 2, 2}), block_lse); }, "block_output");
 }
 
-TEST(Positions, BlocksOutsideTheWholeCallAreRefused) {
+TEST(WholeCall, BlocksOutsideTheWholeCallAreRefused) {
   const Problem<double> pr({Backend::reference, Causal::none, 0.0, false}, 3);
-  auto call = [&](Positions pos) {
+  auto call = [&](WholeCall pos) {
     Options<double> opt;
-    opt.positions = pos;
+    opt.whole_call = pos;
     sdpa_forward(pr.q, pr.k, pr.v, opt);
   };
-  expect_error([&] { call({-1, 0, 0, L, S, Hq}); }, "options.positions: expected the call's 37 queries from query_offset -1");
+  expect_error([&] { call({-1, 0, 0, L, S, Hq}); }, "options.whole_call: expected the call's 37 queries from query_offset -1");
   expect_error([&] { call({1, 0, 0, L, S, Hq}); }, "inside the whole call's 37");
-  expect_error([&] { call({0, 5, 0, 0, 48, 0}); }, "options.positions: expected the call's 45 keys from key_offset 5");
+  expect_error([&] { call({0, 5, 0, 0, 48, 0}); }, "options.whole_call: expected the call's 45 keys from key_offset 5");
   expect_error([&] { call({0, 0, 1, 0, 0, 4}); }, "query heads from head_offset 1");
   call({3, 2, 4, 40, 47, 8});  // inside: accepted
 }

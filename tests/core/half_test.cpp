@@ -1,7 +1,7 @@
 // bfloat16 and float16 storage: the scalar conversions against hand-derived bit patterns
 // (rounding ties to even, overflow, subnormals, NaN, infinities, signed zero), and the bulk
 // conversions of every SIMD target against the scalar ones, bit for bit, over every 16-bit
-// pattern and a sweep of float bit patterns.
+// pattern and a sweep of float bit patterns; the conversions from double, rounded once.
 #include "mha/core/half.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +60,50 @@ TEST(Float16, HandDerivedValues) {
   EXPECT_TRUE(std::isnan(to_float(to_float16(std::nanf("")))));
   EXPECT_EQ(to_float(float16{0x3555}), 0.333251953125f);
   EXPECT_EQ(to_float(float16{0x0001}), std::ldexp(1.0f, -24));
+}
+
+// to_float(float16) works on the bits (the compiler's conversion is a libgcc call without F16C):
+// the compiler's bits for every one of the 65536 patterns, NaN payloads included.
+TEST(Float16, ToFloatMatchesTheCompilersFloat16) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float16 x{static_cast<uint16_t>(bits)};
+    _Float16 h;
+    std::memcpy(&h, &x.bits, sizeof h);
+    ASSERT_EQ(bits_of(to_float(x)), bits_of(static_cast<float>(h))) << std::hex << bits;
+  }
+}
+
+// From double, rounded once: a double just above a tie would round to even through float.
+TEST(HalfFromDouble, RoundsOnceFromTheDouble) {
+  EXPECT_EQ(to_float16(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)).bits, 0x3c01);
+  EXPECT_EQ(to_float16(static_cast<float>(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40))).bits, 0x3c00);
+  EXPECT_EQ(to_bfloat16(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)).bits, 0x3f81);
+  EXPECT_EQ(to_bfloat16(static_cast<float>(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40))).bits, 0x3f80);
+  EXPECT_EQ(to_float16(65520.0).bits, 0x7c00);  // halfway to 65536: ties to even, which is inf
+  EXPECT_EQ(to_float16(1e300).bits, 0x7c00);
+  EXPECT_EQ(to_bfloat16(-1e300).bits, 0xff80);
+  EXPECT_EQ(to_float16(-1e-300).bits, 0x8000);  // far below the smallest subnormal: signed zero
+  EXPECT_EQ(to_float16(std::ldexp(3.0, -26)).bits, 0x0001);  // 0.75 of the smallest subnormal: up
+  EXPECT_EQ(to_float16(-std::numeric_limits<double>::infinity()).bits, 0xfc00);
+  EXPECT_TRUE(std::isnan(to_float(to_float16(std::nan("")))));
+  EXPECT_TRUE(std::isnan(to_float(to_bfloat16(std::numeric_limits<double>::signaling_NaN()))));
+}
+
+// A double that holds a float rounds as the float overloads round it (float → double is exact).
+TEST(HalfFromDouble, AFloatRoundsAsTheFloatOverloads) {
+  Generator gen(11);
+  for (uint32_t exponent = 0; exponent < 256; ++exponent) {
+    for (int j = 0; j < 64; ++j) {
+      const uint32_t mantissa = static_cast<uint32_t>(gen.uniform() * 0x7fffff);
+      const uint32_t sign = (j & 1) << 31;
+      for (const float f : {from_bits(sign | exponent << 23 | mantissa),
+                            from_bits(sign | exponent << 23 | (mantissa & ~0xffffu) | 0x8000u),    // bfloat16 halfway
+                            from_bits(sign | exponent << 23 | (mantissa & ~0x1fffu) | 0x1000u)}) {  // float16 halfway
+        ASSERT_EQ(to_bfloat16(static_cast<double>(f)).bits, to_bfloat16(f).bits) << std::hex << bits_of(f);
+        ASSERT_EQ(to_float16(static_cast<double>(f)).bits, to_float16(f).bits) << std::hex << bits_of(f);
+      }
+    }
+  }
 }
 
 // Every target's bulk conversion gives the scalar function's bits. Odd lengths exercise the

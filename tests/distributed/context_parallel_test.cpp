@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "../support/assertions.h"
@@ -25,73 +26,51 @@ namespace {
 
 using attention::Causal;
 using attention::Options;
+using attention::test_cases::bitwise_equal;
 using attention::test_cases::FlashRule;
 using attention::test_cases::max_diff;
 
-template <class T>
-Tensor<T> random_tensor(const Shape& shape, Generator& gen, double scale = 2.0) {
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = static_cast<T>(gen.uniform(-scale, scale));
-  return t;
-}
+using attention::test_cases::MaskKind;
 
-template <class T>
-bool bitwise(const Tensor<T>& a, const Tensor<T>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<size_t>(a.numel())) == 0;
-}
-
-enum class Mask { none, key_padding, additive, empty_rows };
-
-struct Case {
+// A case (shapes, mask, scoring) under a scheme and a layout.
+struct CpCase {
   Scheme scheme;
   Layout layout;
-  Causal causal;
-  int64_t batch, query_heads, kv_heads, query_len, key_len, head_dim;
-  Mask mask;
-  double dropout;
+  attention::test_cases::Case c;
 };
 
-std::string describe(const Case& c) {
-  const char* causal[] = {"none", "top_left", "bottom_right"};
-  const char* mask[] = {"none", "key_padding", "additive", "empty_rows"};
-  return std::string(c.scheme == Scheme::ring ? "ring" : "ulysses") +
-         (c.layout == Layout::zigzag ? " zigzag" : " contiguous") + " causal " + causal[static_cast<int>(c.causal)] +
-         " B" + std::to_string(c.batch) + " Hq" + std::to_string(c.query_heads) + " Hkv" + std::to_string(c.kv_heads) +
-         " L" + std::to_string(c.query_len) + " S" + std::to_string(c.key_len) + " D" + std::to_string(c.head_dim) +
-         " mask " + mask[static_cast<int>(c.mask)] + " dropout " + std::to_string(c.dropout);
+// D: the query/key and the value head size. dropout_seed 99.
+CpCase make_case(Scheme scheme, Layout layout, Causal causal, int64_t batch, int64_t query_heads, int64_t kv_heads,
+                 int64_t query_len, int64_t key_len, int64_t head_dim, MaskKind mask, double dropout) {
+  CpCase cp{scheme, layout, attention::test_cases::sized(batch, query_heads, kv_heads, query_len, key_len, head_dim, head_dim)};
+  cp.c.mask = mask;
+  cp.c.scoring.causal = causal;
+  cp.c.scoring.dropout_p = dropout;
+  cp.c.scoring.dropout_seed = 99;
+  return cp;
 }
 
+std::string describe(const CpCase& cp) {
+  return std::string(cp.scheme == Scheme::ring ? "ring" : "ulysses") +
+         (cp.layout == Layout::zigzag ? " zigzag " : " contiguous ") + cp.c.describe();
+}
+
+// The whole call's inputs and options, the same on every rank (make_inputs from one seed).
 template <class T>
 struct Whole {
+  attention::test_cases::Inputs in;
   Tensor<T> q, k, v, dout;
-  Tensor<bool> attend;
-  Tensor<T> additive;
+  std::optional<Tensor<T>> additive;
   Options<T> options;
 
-  explicit Whole(const Case& c) {
-    Generator gen(42);
-    q = random_tensor<T>({c.batch, c.query_heads, c.query_len, c.head_dim}, gen);
-    k = random_tensor<T>({c.batch, c.kv_heads, c.key_len, c.head_dim}, gen);
-    v = random_tensor<T>({c.batch, c.kv_heads, c.key_len, c.head_dim}, gen);
-    dout = random_tensor<T>({c.batch, c.query_heads, c.query_len, c.head_dim}, gen);
-    options.causal = c.causal;
-    options.dropout_p = c.dropout;
-    options.dropout_seed = 99;
-    if (c.mask == Mask::key_padding) {  // (B, 1, 1, S): the last keys of each batch row are padding
-      attend = Tensor<bool>({c.batch, 1, 1, c.key_len});
-      for (int64_t b = 0; b < c.batch; ++b)
-        for (int64_t j = 0; j < c.key_len; ++j) attend[b * c.key_len + j] = j < c.key_len - 3 * (b + 1);
-      options.attend_mask = attend;
-    } else if (c.mask == Mask::empty_rows) {  // (L, S): every fifth query sees no key at all
-      attend = Tensor<bool>({c.query_len, c.key_len});
-      for (int64_t i = 0; i < c.query_len; ++i)
-        for (int64_t j = 0; j < c.key_len; ++j) attend[i * c.key_len + j] = i % 5 != 2 && (i + j) % 3 != 0;
-      options.attend_mask = attend;
-    } else if (c.mask == Mask::additive) {  // (B, Hq, L, S)
-      additive = random_tensor<T>({c.batch, c.query_heads, c.query_len, c.key_len}, gen, 1.0);
-      options.additive_mask = additive;
-    }
+  explicit Whole(const CpCase& cp) : in(attention::test_cases::make_inputs(cp.c, 42)) {
+    q = cast<T>(in.q);
+    k = cast<T>(in.k);
+    v = cast<T>(in.v);
+    dout = cast<T>(in.dout);
+    options = attention::test_cases::options_of<T>(cp.c, in, attention::Backend::automatic, additive);
   }
+  Whole(const Whole&) = delete;  // the options view the masks held here
 };
 
 template <class T>
@@ -102,28 +81,30 @@ Tensor<T> mine(const Tensor<T>& whole, int64_t axis, Layout layout, Communicator
 // The bytes of the ring's messages: one block of keys and values (or their gradients) of rank
 // `owner`'s rows per message.
 template <class T>
-int64_t block_bytes(const Case& c, int owner, int ranks) {
-  return static_cast<int64_t>(sizeof(T)) * c.batch * c.kv_heads * shard_length(c.key_len, c.layout, owner, ranks) *
-         2 * c.head_dim;
+int64_t block_bytes(const CpCase& cp, int owner, int ranks) {
+  const attention::test_cases::Case& c = cp.c;
+  return static_cast<int64_t>(sizeof(T)) * c.batch * c.kv_heads * shard_length(c.k_len, cp.layout, owner, ranks) *
+         (c.qk_dim + c.v_dim);
 }
 
 template <class T>
-void check_case(const Case& c, FlashRule& rule) {
+void check_case(const CpCase& cp, FlashRule& rule) {
   Communicator& comm = Communicator::world();
   const int P = comm.size(), r = comm.rank();
-  SCOPED_TRACE(describe(c) + " P=" + std::to_string(P) + " rank " + std::to_string(r));
-  const Whole<T> w(c);
+  SCOPED_TRACE(describe(cp) + " P=" + std::to_string(P) + " rank " + std::to_string(r));
+  const Whole<T> w(cp);
+  const Layout layout = cp.layout;
   const auto fwd = attention::sdpa_forward(w.q, w.k, w.v, w.options);
   const auto grads = attention::sdpa_backward(w.q, w.k, w.v, fwd.output, fwd.logsumexp, w.dout, w.options);
 
-  const Sequence seq{c.query_len, c.key_len, c.layout};
-  const Tensor<T> q = mine(w.q, 2, c.layout, comm), k = mine(w.k, 2, c.layout, comm), v = mine(w.v, 2, c.layout, comm),
-                  dout = mine(w.dout, 2, c.layout, comm);
+  const Sequence seq{cp.c.q_len, cp.c.k_len, layout};
+  const Tensor<T> q = mine(w.q, 2, layout, comm), k = mine(w.k, 2, layout, comm), v = mine(w.v, 2, layout, comm),
+                  dout = mine(w.dout, 2, layout, comm);
   comm.reset_traffic();
-  const auto out = context_parallel_forward(comm, c.scheme, q, k, v, seq, w.options);
+  const auto out = context_parallel_forward(comm, cp.scheme, q, k, v, seq, w.options);
   const Traffic forward = comm.traffic();
   comm.reset_traffic();
-  const auto g = context_parallel_backward(comm, c.scheme, q, k, v, out.output, out.logsumexp, dout, seq, w.options);
+  const auto g = context_parallel_backward(comm, cp.scheme, q, k, v, out.output, out.logsumexp, dout, seq, w.options);
   const Traffic backward = comm.traffic();
 
   // EXPECT, never ASSERT, in what every rank runs: a rank that returned early would leave the
@@ -132,29 +113,23 @@ void check_case(const Case& c, FlashRule& rule) {
   EXPECT_EQ(nans(out.output), 0) << "NaN in the output";
   EXPECT_EQ(nans(g.grad_query) + nans(g.grad_key) + nans(g.grad_value), 0) << "NaN in a gradient";
 
-  const Tensor<T> want_out = mine(fwd.output, 2, c.layout, comm), want_dq = mine(grads.grad_query, 2, c.layout, comm),
-                  want_dk = mine(grads.grad_key, 2, c.layout, comm), want_dv = mine(grads.grad_value, 2, c.layout, comm);
-  const Tensor<double> want_lse = mine(fwd.logsumexp, 2, c.layout, comm);
-  if (c.scheme == Scheme::ulysses || P == 1) {
-    EXPECT_TRUE(bitwise(out.output, want_out)) << "output, " << max_diff(out.output, want_out);
-    EXPECT_TRUE(bitwise(out.logsumexp, want_lse)) << "logsumexp, " << max_diff(out.logsumexp, want_lse);
-    EXPECT_TRUE(bitwise(g.grad_query, want_dq)) << "grad_query, " << max_diff(g.grad_query, want_dq);
-    EXPECT_TRUE(bitwise(g.grad_key, want_dk)) << "grad_key, " << max_diff(g.grad_key, want_dk);
-    EXPECT_TRUE(bitwise(g.grad_value, want_dv)) << "grad_value, " << max_diff(g.grad_value, want_dv);
+  const Tensor<T> want_out = mine(fwd.output, 2, layout, comm), want_dq = mine(grads.grad_query, 2, layout, comm),
+                  want_dk = mine(grads.grad_key, 2, layout, comm), want_dv = mine(grads.grad_value, 2, layout, comm);
+  const Tensor<double> want_lse = mine(fwd.logsumexp, 2, layout, comm);
+  if (cp.scheme == Scheme::ulysses || P == 1) {
+    EXPECT_TRUE(bitwise_equal(out.output, want_out)) << "output, " << max_diff(out.output, want_out);
+    EXPECT_TRUE(bitwise_equal(out.logsumexp, want_lse)) << "logsumexp, " << max_diff(out.logsumexp, want_lse);
+    EXPECT_TRUE(bitwise_equal(g.grad_query, want_dq)) << "grad_query, " << max_diff(g.grad_query, want_dq);
+    EXPECT_TRUE(bitwise_equal(g.grad_key, want_dk)) << "grad_key, " << max_diff(g.grad_key, want_dk);
+    EXPECT_TRUE(bitwise_equal(g.grad_value, want_dv)) << "grad_value, " << max_diff(g.grad_value, want_dv);
   } else {
     // Against the whole call in double on the same inputs; float also beside the float reference.
-    Options<double> o64;
-    o64.causal = c.causal;
-    o64.dropout_p = c.dropout;
-    o64.dropout_seed = w.options.dropout_seed;
-    const Tensor<double> additive64 = cast<double>(w.additive);
-    if (w.attend.defined()) o64.attend_mask = w.attend;
-    if (w.additive.defined()) o64.additive_mask = additive64;
-    const Tensor<double> q64 = cast<double>(w.q), k64 = cast<double>(w.k), v64 = cast<double>(w.v),
-                         d64 = cast<double>(w.dout);
+    const Whole<double> w64(cp);
+    const Options<double>& o64 = w64.options;
+    const Tensor<double>&q64 = w64.q, &k64 = w64.k, &v64 = w64.v, &d64 = w64.dout;
     const auto f64 = attention::sdpa_forward(q64, k64, v64, o64);
     const auto g64 = attention::sdpa_backward(q64, k64, v64, f64.output, f64.logsumexp, d64, o64);
-    auto cut = [&](const Tensor<double>& t) { return mine(t, 2, c.layout, comm); };
+    auto cut = [&](const Tensor<double>& t) { return mine(t, 2, layout, comm); };
     if constexpr (std::is_same_v<T, double>) {
       EXPECT_LE(max_diff(out.output, cut(f64.output)), 1e-12) << "output";
       EXPECT_LE(max_diff(out.logsumexp, cut(f64.logsumexp)), 1e-12) << "logsumexp";
@@ -166,7 +141,7 @@ void check_case(const Case& c, FlashRule& rule) {
       o32.backend = attention::Backend::reference;
       const auto f32 = attention::sdpa_forward(w.q, w.k, w.v, o32);
       const auto g32 = attention::sdpa_backward(w.q, w.k, w.v, f32.output, f32.logsumexp, w.dout, o32);
-      auto cut32 = [&](const Tensor<float>& t) { return mine(t, 2, c.layout, comm); };
+      auto cut32 = [&](const Tensor<float>& t) { return mine(t, 2, layout, comm); };
       rule.expect(out.output, cut32(f32.output), cut(f64.output), "output");
       rule.expect(out.logsumexp, cut(f32.logsumexp), cut(f64.logsumexp), "logsumexp");
       rule.expect(g.grad_query, cut32(g32.grad_query), cut(g64.grad_query), "grad_query");
@@ -178,10 +153,10 @@ void check_case(const Case& c, FlashRule& rule) {
   // What this rank sent. The ring: a block of keys and values per step but the last, forward and
   // backward, and the gradients' blocks at every step backward; one all_gather per call (every
   // rank's call checked against rank 0's). Ulysses: the all_gather and two all-to-alls.
-  if (c.scheme == Scheme::ring) {
+  if (cp.scheme == Scheme::ring) {
     int64_t kv = 0, all = 0;
     for (int s = 0; s < P; ++s) {
-      const int64_t bytes = block_bytes<T>(c, ((r - s) % P + P) % P, P);
+      const int64_t bytes = block_bytes<T>(cp, ((r - s) % P + P) % P, P);
       all += bytes;
       if (s + 1 < P) kv += bytes;
     }
@@ -200,40 +175,39 @@ void check_case(const Case& c, FlashRule& rule) {
   }
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> all;
+std::vector<CpCase> cases() {
+  std::vector<CpCase> all;
   for (Scheme scheme : {Scheme::ring, Scheme::ulysses})
     for (Layout layout : {Layout::contiguous, Layout::zigzag})
       for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
         // GQA, L != S (and so a real bottom-right alignment), lengths not divisible by 2P.
-        all.push_back({scheme, layout, causal, 2, 4, 2, 37, 45, 16, Mask::none, 0.0});
-        all.push_back({scheme, layout, causal, 1, 3, 1, 45, 37, 8, Mask::key_padding, 0.0});  // MQA
-        all.push_back({scheme, layout, causal, 2, 4, 4, 29, 29, 16, Mask::additive, 0.25});
-        all.push_back({scheme, layout, causal, 1, 2, 2, 33, 40, 16, Mask::empty_rows, 0.0});
-        all.push_back({scheme, layout, causal, 1, 2, 1, 3, 5, 8, Mask::none, 0.0});  // fewer rows than ranks
+        all.push_back(make_case(scheme, layout, causal, 2, 4, 2, 37, 45, 16, MaskKind::none, 0.0));
+        all.push_back(make_case(scheme, layout, causal, 1, 3, 1, 45, 37, 8, MaskKind::key_padding, 0.0));  // MQA
+        all.push_back(make_case(scheme, layout, causal, 2, 4, 4, 29, 29, 16, MaskKind::additive_full, 0.25));
+        all.push_back(make_case(scheme, layout, causal, 1, 2, 2, 33, 40, 16, MaskKind::empty_rows, 0.0));
+        all.push_back(make_case(scheme, layout, causal, 1, 2, 1, 3, 5, 8, MaskKind::none, 0.0));  // fewer rows than ranks
       }
   // Long enough for several of cpu_flash's tiles per rank, causal, zigzag.
-  all.push_back({Scheme::ring, Layout::zigzag, Causal::top_left, 1, 4, 2, 500, 500, 32, Mask::none, 0.1});
-  all.push_back({Scheme::ulysses, Layout::zigzag, Causal::top_left, 1, 4, 2, 500, 500, 32, Mask::none, 0.1});
+  all.push_back(make_case(Scheme::ring, Layout::zigzag, Causal::top_left, 1, 4, 2, 500, 500, 32, MaskKind::none, 0.1));
+  all.push_back(make_case(Scheme::ulysses, Layout::zigzag, Causal::top_left, 1, 4, 2, 500, 500, 32, MaskKind::none, 0.1));
   return all;
 }
 
 TEST(ContextParallel, FloatEqualsTheWholeCall) {
   FlashRule rule{"ring"};
-  for (const Case& c : cases()) check_case<float>(c, rule);
+  for (const CpCase& cp : cases()) check_case<float>(cp, rule);
   if (Communicator::world().rank() == 0)
     std::printf("ring, float: largest error / FlashAttention's bound %.3f\n", rule.worst_fraction);
 }
 
 TEST(ContextParallel, DoubleEqualsTheWholeCall) {
   FlashRule rule{"ring"};
-  for (const Case& c : cases()) check_case<double>(c, rule);
+  for (const CpCase& cp : cases()) check_case<double>(cp, rule);
 }
 
 TEST(ContextParallel, EveryRankMustMakeTheSameCall) {
   Communicator& comm = Communicator::world();
-  const Case c{Scheme::ring, Layout::contiguous, Causal::none, 1, 2, 2, 8, 8, 4, Mask::none, 0.0};
-  const Whole<float> w(c);
+  const Whole<float> w(make_case(Scheme::ring, Layout::contiguous, Causal::none, 1, 2, 2, 8, 8, 4, MaskKind::none, 0.0));
   Options<float> options;
   options.dropout_seed = comm.rank() == comm.size() - 1 ? 7 : 8;  // the last rank differs (P = 1: none)
   const Sequence seq{8, 8, Layout::contiguous};
@@ -250,9 +224,9 @@ TEST(ContextParallel, EveryRankMustMakeTheSameCall) {
   options.need_weights = true;  // refused on every rank alike, before any message
   mha::testing::expect_error([&] { call(Scheme::ring); }, "options.need_weights: context-parallel attention");
   options.need_weights = false;
-  options.positions.query_offset = 1;
-  mha::testing::expect_error([&] { call(Scheme::ring); }, "options.positions: expected the default");
-  options.positions = {};
+  options.whole_call.query_offset = 1;
+  mha::testing::expect_error([&] { call(Scheme::ring); }, "options.whole_call: expected the default");
+  options.whole_call = {};
   Tensor<bool> bad({3, 8});
   options.attend_mask = bad;
   mha::testing::expect_error([&] { call(Scheme::ring); }, "options.attend_mask: expected a mask broadcastable");

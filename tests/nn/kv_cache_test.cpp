@@ -180,6 +180,88 @@ TEST(KVCache, GroupedQueryAttentionTokenByToken) {
                     "GQA");
 }
 
+// Sequences of uneven lengths and counts: the cache passes per-sequence lengths to the core
+// (Options::query_lengths / key_lengths). Each attend is checked against sdpa_forward on the
+// reference backend with the explicit (B, 1, T, S) mask of what the cache holds: query t of
+// sequence b is real iff t < counts[b] and sees the slots 0..lengths[b] − counts[b] + t. The
+// recompute reads the keys and values rounded to Kv, as the cache stores them; ours against it in
+// double within FlashAttention's rule (2× the float recompute's error + 1e-6), padding queries
+// exactly 0. A prompt of 12 (decode), then T new tokens: T = 1 and 3 run decode, T = 20 cpu_flash.
+// Sequence 1 takes no new token, sequence 3 starts empty (a length below the others').
+template <class Kv>
+void check_uneven_step(int64_t T) {
+  SCOPED_TRACE(std::string(storage_name<Kv>()) + " T " + std::to_string(T));
+  const int64_t B = 4, Hq = 4, Hkv = 2, D = 16, capacity = 40;
+  Generator gen(31 + static_cast<uint64_t>(T));
+  KVCache<Kv> cache(B, Hkv, capacity, D, D);
+  // What the cache holds, rounded to Kv, slot by slot: (B, Hkv, capacity, D).
+  Tensor<float> held_k({B, Hkv, capacity, D}), held_v({B, Hkv, capacity, D});
+  auto round_trip = [](const Tensor<float>& x) {
+    Tensor<Kv> stored(x.shape());
+    convert(x.data(), stored.data(), static_cast<size_t>(x.numel()));
+    Tensor<float> back(x.shape());
+    convert(stored.data(), back.data(), static_cast<size_t>(x.numel()));
+    return back;
+  };
+  auto step = [&](int64_t n, const std::vector<int64_t>& counts) {
+    SCOPED_TRACE("step of " + std::to_string(n) + " tokens");
+    const Tensor<float> k = random_tensor({B, Hkv, n, D}, gen), v = random_tensor({B, Hkv, n, D}, gen),
+                        q = random_tensor({B, Hq, n, D}, gen);
+    const std::vector<int64_t> before = cache.lengths();
+    cache.append(k, v, counts);
+    const Tensor<float> rk = round_trip(k), rv = round_trip(v);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t t = 0; t < counts[b]; ++t) {
+          const int64_t from = ((b * Hkv + h) * n + t) * D, to = ((b * Hkv + h) * capacity + before[b] + t) * D;
+          std::copy_n(rk.data() + from, D, held_k.data() + to);
+          std::copy_n(rv.data() + from, D, held_v.data() + to);
+        }
+    const Tensor<float> got = attend(cache, q);
+
+    const int64_t S = cache.length();
+    Tensor<float> keys({B, Hkv, S, D}), values({B, Hkv, S, D});
+    for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+      std::copy_n(held_k.data() + bh * capacity * D, S * D, keys.data() + bh * S * D);
+      std::copy_n(held_v.data() + bh * capacity * D, S * D, values.data() + bh * S * D);
+    }
+    Tensor<bool> mask({B, 1, n, S});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < S; ++j)
+          mask[(b * n + t) * S + j] = t < counts[b] && j <= cache.lengths()[b] - counts[b] + t;
+    attention::Options<float> opt32;
+    opt32.attend_mask = mask;
+    opt32.backend = attention::Backend::reference;
+    attention::Options<double> opt64;
+    opt64.attend_mask = mask;
+    opt64.backend = attention::Backend::reference;
+    const Tensor<float> ref32 = attention::sdpa_forward(q, keys, values, opt32).output;
+    const Tensor<double> ref64 =
+        attention::sdpa_forward(mha::cast<double>(q), mha::cast<double>(keys), mha::cast<double>(values), opt64).output;
+    ASSERT_EQ(got.shape(), ref64.shape());
+    expect_flash_rule(max_diff(got.data(), ref64.data(), got.numel()), max_diff(ref32.data(), ref64.data(), got.numel()),
+                      "output");
+    int64_t padding_not_zero = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t t = counts[b]; t < n; ++t)
+          for (int64_t d = 0; d < D; ++d) padding_not_zero += got[((b * Hq + h) * n + t) * D + d] != 0.0f;
+    EXPECT_EQ(padding_not_zero, 0);
+  };
+  step(12, {5, 3, 12, 0});
+  step(T, {T, 0, T > 1 ? T - 1 : 1, T});
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{5 + T, 3, 12 + (T > 1 ? T - 1 : 1), T}));
+}
+
+TEST(KVCache, UnevenLengthsAndCountsMatchAnExplicitMask) {
+  for (int64_t T : {1, 3, 20}) {
+    check_uneven_step<float>(T);
+    check_uneven_step<bfloat16>(T);
+    check_uneven_step<float16>(T);
+  }
+}
+
 // truncate rewinds: regenerating after it gives the same bits as the first time.
 TEST(KVCache, TruncateAndResetRewind) {
   MultiheadAttentionOptions o;

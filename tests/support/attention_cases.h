@@ -1,53 +1,145 @@
 #pragma once
-// The random attention problems the backend tests share (cpu_flash_test, decode_test): a case's
-// shapes and options, its inputs (normal values, masks of every kind and broadcast shape), a run
-// on one backend, and the error measure of the FlashAttention rule.
+// The one description of a random attention problem that the attention tests share (the backend
+// sweeps, the reference's gradient checks, whole-call blocks, views, per-sequence lengths and the
+// context-parallel schemes): a case's shapes, its mask kind, its Scoring and need_weights; its
+// inputs (normal values, masks of every kind and broadcast shape), a run on one backend, the
+// error measure and the FlashAttention rule, and the sweep the fast backends share. A test with
+// further axes (a backend, a scheme, a layout) wraps a Case in a struct of its own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
+#include <cstring>
+#include <iostream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "max_diff.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
+#include "mha/core/view.h"
 
 namespace mha::attention::test_cases {
 
+using mha::testing::max_diff;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Masks of the sweep: which tensors are given and the shape they broadcast from.
+// Masks: which tensors are given, the shape they broadcast from, and how they are drawn.
 enum class MaskKind {
   none,
-  bool_full,        // attend_mask (B, Hq, L, S)
-  bool_2d,          // attend_mask (L, S)
-  bool_keys,        // attend_mask (S): 1-D, broadcast over everything else
-  bool_padding,     // attend_mask (B, 1, 1, S): key padding
-  additive_2d,      // additive_mask (L, S) with some −inf
-  additive_heads,   // additive_mask (Hq, 1, S)
-  both,             // additive (B, 1, L, S) and attend (L, S)
+  bool_full,               // attend_mask (B, Hq, L, S)
+  bool_2d,                 // attend_mask (L, S)
+  bool_keys,               // attend_mask (S): 1-D, broadcast over everything else
+  bool_padding,            // attend_mask (B, 1, 1, S), random
+  additive_2d,             // additive_mask (L, S) with some −inf
+  additive_heads,          // additive_mask (Hq, 1, S)
+  both,                    // additive (B, 1, L, S) and attend (L, S)
+  // (The sweeps cycle through the kinds above; those below are shapes and fills other tests need.)
+  bool_batch,              // attend_mask (B, 1, L, S)
+  bool_batch_additive_2d,  // attend (B, 1, L, S) and additive (L, S)
+  bool_keys_additive_2d,   // attend (S) and additive (L, S)
+  key_padding,             // attend_mask (B, 1, 1, S): the last 3·(b + 1) keys of sequence b hidden
+  empty_rows,              // attend_mask (B, 1, L, S): rows i % 5 == 2 see no key, others some
+  additive_full,           // additive_mask (B, Hq, L, S)
   count
 };
+
+inline const char* name_of(MaskKind m) {
+  static const char* const names[] = {"none",          "bool_full",   "bool_2d",
+                                      "bool_keys",     "bool_padding", "additive_2d",
+                                      "additive_heads", "both",        "bool_batch",
+                                      "bool_batch_additive_2d", "bool_keys_additive_2d", "key_padding",
+                                      "empty_rows",    "additive_full"};
+  static_assert(std::size(names) == static_cast<size_t>(MaskKind::count));
+  const auto i = static_cast<size_t>(m);
+  return i < std::size(names) ? names[i] : "?";
+}
+
+inline const char* name_of(Causal c) {
+  switch (c) {
+    case Causal::none: return "none";
+    case Causal::top_left: return "top_left";
+    case Causal::bottom_right: return "bottom_right";
+  }
+  return "?";
+}
+
+inline const char* name_of(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "automatic";
+    case Backend::reference: return "reference";
+    case Backend::cpu_flash: return "cpu_flash";
+    case Backend::decode: return "decode";
+  }
+  return "?";
+}
+
+// One settings field as text: Causal by name, an absent optional as "default", other enums as
+// their number, numbers as C++ prints them.
+template <class V>
+std::string field_text(const V& v) {
+  if constexpr (std::is_same_v<V, Causal>) {
+    return name_of(v);
+  } else if constexpr (requires { v.has_value(); *v; }) {
+    return v.has_value() ? field_text(*v) : "default";
+  } else if constexpr (std::is_same_v<V, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_enum_v<V>) {
+    return std::to_string(static_cast<long long>(static_cast<std::underlying_type_t<V>>(v)));
+  } else {
+    std::ostringstream out;
+    out << v;
+    return out.str();
+  }
+}
+
+// " name=value" for every field of a settings struct, by its visit_fields list (a nested struct
+// with a list of its own, such as WholeCall, as "outer.inner=value").
+template <class Settings>
+void describe_fields(const Settings& settings, const std::string& prefix, std::string& out) {
+  Settings::visit_fields([&](const char* name, auto member) {
+    const auto& value = settings.*member;
+    using V = std::decay_t<decltype(value)>;
+    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
+      describe_fields(value, prefix + name + ".", out);
+    } else {
+      out += " " + prefix + name + "=" + field_text(value);
+    }
+  });
+}
 
 struct Case {
   int64_t batch = 1, q_heads = 2, kv_heads = 1, q_len = 7, k_len = 7, qk_dim = 8, v_dim = 8;
   MaskKind mask = MaskKind::none;
-  Causal causal = Causal::none;
-  double dropout = 0.0;
-  std::optional<double> scale;
+  Scoring scoring{.dropout_seed = 1234};
   bool need_weights = false;
 
+  // The shapes, the mask and every Scoring field (so a new field shows in every test's trace).
   std::string describe() const {
-    return "B" + std::to_string(batch) + " Hq" + std::to_string(q_heads) + " Hkv" + std::to_string(kv_heads) + " L" +
-           std::to_string(q_len) + " S" + std::to_string(k_len) + " Dqk" + std::to_string(qk_dim) + " Dv" +
-           std::to_string(v_dim) + " mask " + std::to_string(static_cast<int>(mask)) + " causal " +
-           std::to_string(static_cast<int>(causal)) + " dropout " + std::to_string(dropout) +
-           (scale ? " scale " + std::to_string(*scale) : "");
+    std::string s = "B" + std::to_string(batch) + " Hq" + std::to_string(q_heads) + " Hkv" + std::to_string(kv_heads) +
+                    " L" + std::to_string(q_len) + " S" + std::to_string(k_len) + " Dqk" + std::to_string(qk_dim) +
+                    " Dv" + std::to_string(v_dim) + " mask " + name_of(mask);
+    describe_fields(scoring, "", s);
+    if (need_weights) s += " need_weights";
+    return s;
   }
 };
+
+// A case of the given shapes, the rest default.
+inline Case sized(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t k_len, int64_t qk_dim,
+                  int64_t v_dim) {
+  Case c;
+  std::tie(c.batch, c.q_heads, c.kv_heads, c.q_len, c.k_len, c.qk_dim, c.v_dim) =
+      std::tuple(batch, q_heads, kv_heads, q_len, k_len, qk_dim, v_dim);
+  return c;
+}
 
 inline Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
   Tensor<float> t(shape);
@@ -92,6 +184,26 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
       in.additive = additive({B, 1, L, S});
       in.attend = attend({L, S});
       break;
+    case MaskKind::bool_batch: in.attend = attend({B, 1, L, S}); break;
+    case MaskKind::bool_batch_additive_2d:
+      in.attend = attend({B, 1, L, S});
+      in.additive = additive({L, S});
+      break;
+    case MaskKind::bool_keys_additive_2d:
+      in.attend = attend({S});
+      in.additive = additive({L, S});
+      break;
+    case MaskKind::key_padding:
+      in.attend = Tensor<bool>({B, 1, 1, S});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S; ++j) (*in.attend)[b * S + j] = j < S - 3 * (b + 1);
+      break;
+    case MaskKind::empty_rows:
+      in.attend = attend({B, 1, L, S});
+      for (int64_t i = 0; i < in.attend->numel(); ++i)
+        if ((i / S) % L % 5 == 2) (*in.attend)[i] = false;
+      break;
+    case MaskKind::additive_full: in.additive = additive({B, H, L, S}); break;
     case MaskKind::count: break;
   }
   return in;
@@ -106,14 +218,12 @@ struct Results {
 // The case's options on `backend`; `additive` keeps the mask in T alive for the call.
 template <class T>
 Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::optional<Tensor<T>>& additive) {
+  additive.reset();
   if (in.additive) additive = mha::cast<T>(*in.additive);
   Options<T> opt;
+  static_cast<Scoring&>(opt) = c.scoring;
   if (in.attend) opt.attend_mask = *in.attend;
   if (additive) opt.additive_mask = *additive;
-  opt.causal = c.causal;
-  opt.scale = c.scale;
-  opt.dropout_p = c.dropout;
-  opt.dropout_seed = 1234;
   opt.need_weights = c.need_weights;
   opt.backend = backend;
   return opt;
@@ -136,30 +246,36 @@ Results<T> run(const Case& c, const Inputs& in, Backend backend) {
   return {std::move(fwd), std::move(grads)};
 }
 
-// The sweeps' variety: masks, causality, GQA heads, dropout and scale cycle with the case number,
-// so that each appears with short, ragged and long sequences.
+// The sweeps' variety: masks (none to both), causality, GQA heads, dropout and scale cycle with the
+// case number, so that each appears with short, ragged and long sequences.
 inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int64_t>* heads, int head_choices) {
   c.batch = 1 + case_number % 2;
   std::tie(c.q_heads, c.kv_heads) = heads[case_number % head_choices];
-  c.mask = static_cast<MaskKind>(case_number % static_cast<int>(MaskKind::count));
-  c.causal = static_cast<Causal>(case_number % 3);
-  if (case_number % 5 == 2) c.dropout = 0.2;
-  if (case_number % 7 == 3) c.scale = 0.3;
-  if (case_number % 7 == 6) c.scale = -0.5;
+  c.mask = static_cast<MaskKind>(case_number % (static_cast<int>(MaskKind::both) + 1));
+  c.scoring.causal = static_cast<Causal>(case_number % 3);
+  if (case_number % 5 == 2) c.scoring.dropout_p = 0.2;
+  if (case_number % 7 == 3) c.scoring.scale = 0.3;
+  if (case_number % 7 == 6) c.scoring.scale = -0.5;
 }
 
-// max |a − b| where equal infinities and NaN against NaN count as 0 and a NaN on one side only
-// as infinite.
-template <class A, class B>
-double max_diff(const Tensor<A>& a, const Tensor<B>& b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
-    if (x == y || (std::isnan(x) && std::isnan(y))) continue;
-    const double d = std::abs(x - y);
-    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+// A contiguous copy of a view (any strides).
+template <class T>
+Tensor<std::remove_const_t<T>> copy_of(View<T> v) {
+  Tensor<std::remove_const_t<T>> t(v.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int64_t offset = 0, rest = i;
+    for (int64_t a = v.dim() - 1; a >= 0; --a) {
+      offset += (rest % v.size(a)) * v.stride(a);
+      rest /= v.size(a);
+    }
+    t[i] = v.data()[offset];
   }
-  return worst;
+  return t;
+}
+
+template <class T>
+bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<size_t>(a.numel())) == 0;
 }
 
 // FlashAttention's rule for a fast backend: on the same float inputs, its error against the
@@ -184,5 +300,76 @@ struct FlashRule {
     worst_fraction = std::max(worst_fraction, error / allowed);
   }
 };
+
+// A fast backend (cpu_flash or decode) on one case against the reference in float and double,
+// under `rule`: the output and logsumexp, the weights when asked for, and (but for decode, a
+// forward kernel whose backward is cpu_flash's) the three gradients.
+inline void check_against_reference(Backend backend, const Case& c, uint64_t seed, FlashRule& rule) {
+  SCOPED_TRACE(std::string(name_of(backend)) + " " + c.describe());
+  const Inputs in = make_inputs(c, seed);
+  if (backend == Backend::decode) {
+    const ForwardResult<float> got = run_forward<float>(c, in, backend);
+    const ForwardResult<float> ref32 = run_forward<float>(c, in, Backend::reference);
+    const ForwardResult<double> ref64 = run_forward<double>(c, in, Backend::reference);
+    rule.expect(got.output, ref32.output, ref64.output, "output");
+    rule.expect(got.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
+    return;
+  }
+  const Results<float> got = run<float>(c, in, backend);
+  const Results<float> ref32 = run<float>(c, in, Backend::reference);
+  const Results<double> ref64 = run<double>(c, in, Backend::reference);
+  rule.expect(got.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
+  rule.expect(got.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
+  rule.expect(got.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
+  rule.expect(got.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
+  rule.expect(got.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
+  if (c.need_weights) rule.expect(*got.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
+}
+
+// The sweep of a fast backend: every (L, S) pair of `lengths` with every head size pair (Dqk, Dv:
+// by default those of the contract, whole and ragged against the vector width, equal and not);
+// masks, causality, GQA (`heads`), dropout and scale cycle with the case number (vary_options).
+// Case n has seed first_seed + n. Returns the number of cases.
+struct Sweep {
+  std::vector<std::pair<int64_t, int64_t>> lengths;  // (L, S)
+  std::vector<std::pair<int64_t, int64_t>> heads;    // (Hq, Hkv)
+  uint64_t first_seed = 0;
+  std::vector<std::pair<int64_t, int64_t>> head_dims = {{8, 8}, {59, 59}, {64, 64}, {128, 128}, {64, 32}, {24, 59}};
+};
+
+// Every (L, S) with L from `query_lengths` and S from `key_lengths`, L the outer loop.
+inline std::vector<std::pair<int64_t, int64_t>> every_pair(const std::vector<int64_t>& query_lengths,
+                                                           const std::vector<int64_t>& key_lengths) {
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (int64_t L : query_lengths)
+    for (int64_t S : key_lengths) pairs.emplace_back(L, S);
+  return pairs;
+}
+
+int run_sweep(Backend backend, const Sweep& sweep, FlashRule& rule);
+
+// One fast backend's checks and the rule they keep the largest error of, for the report:
+//   BackendCheck check_case{Backend::cpu_flash};  check_case(c, seed);  check_case.sweep(s);
+struct BackendCheck {
+  Backend backend;
+  FlashRule rule{name_of(backend)};
+
+  void operator()(const Case& c, uint64_t seed) { check_against_reference(backend, c, seed, rule); }
+  int sweep(const Sweep& s) { return run_sweep(backend, s, rule); }
+};
+
+inline int run_sweep(Backend backend, const Sweep& sweep, FlashRule& rule) {
+  int case_number = 0;
+  for (const auto& [qk, v] : sweep.head_dims)
+    for (const auto& [L, S] : sweep.lengths) {
+      Case c = sized(1, 1, 1, L, S, qk, v);
+      vary_options(c, case_number, sweep.heads.data(), static_cast<int>(sweep.heads.size()));
+      check_against_reference(backend, c, sweep.first_seed + static_cast<uint64_t>(case_number), rule);
+      ++case_number;
+    }
+  std::cout << "[" << name_of(backend) << "] sweep of " << case_number
+            << " cases: largest fraction of the allowed error " << rule.worst_fraction << "\n";
+  return case_number;
+}
 
 }  // namespace mha::attention::test_cases

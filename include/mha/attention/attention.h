@@ -63,7 +63,7 @@ struct GradientOutputs {
   View<T> grad_key;    // (B, Hkv, S, Dqk)
   View<T> grad_value;  // (B, Hkv, S, Dv)
   // Add the gradients to what the three outputs hold instead of overwriting them (blocks of a
-  // longer sequence summing into one accumulator, Options::positions).
+  // longer sequence summing into one accumulator, Options::whole_call).
   bool accumulate = false;
 };
 
@@ -76,7 +76,7 @@ void sdpa_backward_into(View<const T> query, View<const T> key, View<const T> va
                         View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
                         const Options<T>& options = {});
 
-// Log-sum-exp merge of attention over blocks of keys (Options::positions): `output`, `logsumexp`
+// Log-sum-exp merge of attention over blocks of keys (Options::whole_call): `output`, `logsumexp`
 // hold the attention of each query row over the keys merged so far (start: 0 and −inf), and
 // become that over those keys and the block's, whose result is block_output, block_logsumexp:
 //   lse' = log(e^lse + e^lse_b),   output' = e^(lse − lse')·output + e^(lse_b − lse')·block_output

@@ -6,6 +6,11 @@
 //   query (B, Hq, L, Dqk)   key (B, Hkv, S, Dqk)   value (B, Hkv, S, Dv)
 //   output (B, Hq, L, Dv)   logsumexp (B, Hq, L)   weights (B, Hq, L, S)
 // Hq must be a multiple of Hkv: query head h reads key/value head h / (Hq / Hkv) (GQA).
+//
+// The settings of a call are split in two: `Scoring`, plain values (causal alignment, scale,
+// dropout, where the call sits in a larger one) that can be copied, compared, printed and sent to
+// another process, and the typed views of `Options<T>` (masks, per-sequence lengths), which point
+// at the caller's memory. Adding an attention variant: docs/architecture.md, the last section.
 #include <cstdint>
 #include <optional>
 
@@ -16,6 +21,7 @@ namespace mha::attention {
 // Which keys a query may see when `causal` is on. Query i, key j:
 //   top_left     j <= i            (PyTorch's is_causal, tril(ones(L, S)))
 //   bottom_right j <= i + (S − L)  (the last query sees every key: KV-cache decoding)
+// With per-sequence lengths (Options::query_lengths, key_lengths), L and S are sequence b's own.
 enum class Causal { none, top_left, bottom_right };
 
 // Which implementation runs the call. Every backend takes the same Options and honours the same
@@ -28,8 +34,7 @@ enum class Causal { none, top_left, bottom_right };
 //   decode     flash-decoding for few query rows against many keys (generation against a KV
 //              cache): the keys split into fixed chunks across threads, partial results merged by
 //              log-sum-exp; reads bfloat16/float16 keys and values in place (float only; no
-//              weights; a forward kernel: sdpa_backward runs cpu_flash for it, with the
-//              logsumexp of a cpu_flash forward, whose scores it recomputes bit for bit)
+//              weights; a forward kernel: its calls' backward runs on cpu_flash)
 enum class Backend { automatic, reference, cpu_flash, decode };
 
 // Where the call sits in a larger one (context parallelism: a process holding a slice of the
@@ -41,13 +46,49 @@ enum class Backend { automatic, reference, cpu_flash, decode };
 // The masks are given for the block itself. A call whose keys are a part of the whole (keys given
 // with an offset or fewer than key_len) has a backward that takes D_i = dO_i·O_i from the output
 // given, which must be the whole call's (merged) output, and the whole call's logsumexp.
-struct Positions {
+struct WholeCall {
   int64_t query_offset = 0, key_offset = 0, head_offset = 0;
   int64_t query_len = 0, key_len = 0, heads = 0;
+
+  bool operator==(const WholeCall&) const = default;
+  template <class Visitor>
+  static constexpr void visit_fields(Visitor&& v) {
+    v("query_offset", &WholeCall::query_offset);
+    v("key_offset", &WholeCall::key_offset);
+    v("head_offset", &WholeCall::head_offset);
+    v("query_len", &WholeCall::query_len);
+    v("key_len", &WholeCall::key_len);
+    v("heads", &WholeCall::heads);
+  }
+};
+
+// The settings of a call that are plain values: how a score is made and which keys a query sees.
+struct Scoring {
+  Causal causal = Causal::none;
+  // Multiplies q·k; defaults to 1/sqrt(Dqk). Any finite value (negative included) is allowed.
+  std::optional<double> scale;
+  // Dropout on the probabilities, survivors scaled by 1/(1 − p). Always applied when p > 0
+  // (the caller decides training vs eval). The mask is a pure function of (seed, element).
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+  WholeCall whole_call;
+
+  bool operator==(const Scoring&) const = default;
+  // Every field, in order, as (name, member pointer): the one list that the argument checks
+  // (attention.cpp), the context-parallel agreement check, the Python binding and the tests'
+  // descriptions walk. A new setting is a field here and a line in this list.
+  template <class Visitor>
+  static constexpr void visit_fields(Visitor&& v) {
+    v("causal", &Scoring::causal);
+    v("scale", &Scoring::scale);
+    v("dropout_p", &Scoring::dropout_p);
+    v("dropout_seed", &Scoring::dropout_seed);
+    v("whole_call", &Scoring::whole_call);
+  }
 };
 
 template <class T>
-struct Options {
+struct Options : Scoring {
   // Masks are broadcast to (B, Hq, L, S): each may have rank 1..4, aligned on the right, with
   // every dimension either 1 or the full size. The names carry the polarity:
   //   attend_mask   true = the query MAY attend to the key (SDPA's bool polarity);
@@ -56,17 +97,31 @@ struct Options {
   // is read in place); the memory must outlive the call. A Tensor converts to one.
   View<const bool> attend_mask;
   View<const T> additive_mask;
-  Causal causal = Causal::none;
-  // Multiplies q·k; defaults to 1/sqrt(Dqk). Any finite value (negative included) is allowed.
-  std::optional<double> scale;
-  // Dropout on the probabilities, survivors scaled by 1/(1 − p). Always applied when p > 0
-  // (the caller decides training vs eval). The mask is a pure function of (seed, element).
-  double dropout_p = 0.0;
-  uint64_t dropout_seed = 0;
+  // Per-sequence lengths of a padded batch (FlashAttention's seqused_q / seqused_k), each (B) or
+  // absent: sequence b has its first query_lengths[b] queries and key_lengths[b] keys (in the whole
+  // call's positions, Scoring::whole_call), the rest padding. A padding query sees no key (output
+  // 0, logsumexp −inf, gradient 0); a padding key is seen by no query; bottom-right causality
+  // aligns on the sequence's own lengths. Costs nothing per key: the key range of each row ends
+  // at its sequence's length, where a mask would be read key by key.
+  View<const int64_t> query_lengths;
+  View<const int64_t> key_lengths;
   // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
   bool need_weights = false;
   Backend backend = Backend::automatic;
-  Positions positions;
 };
+
+// The keys [begin, end) a query may see. Empty when end <= begin.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+  bool contains(int64_t j) const { return begin <= j && j < end; }
+};
+
+// The one definition of which keys a query sees (the masks aside): the union of the ranges of
+// queries [first_query, end_query) of a sequence of query_len queries and key_len keys, by the
+// causal alignment (the ranges grow with the query, so the union is the first query's begin to the
+// last one's end). Positions are the whole call's. Every backend's key walk, the tiles' edges and
+// the context-parallel schemes' skipping of hidden blocks ask this function.
+KeyRange visible_keys(const Scoring& s, int64_t query_len, int64_t key_len, int64_t first_query, int64_t end_query);
 
 }  // namespace mha::attention

@@ -7,12 +7,14 @@
 //             digits): float → bfloat16 keeps the top 16 bits, rounded to nearest, ties to even.
 //   float16   5-bit exponent, 10-bit mantissa (max 65504, subnormals below 2⁻¹⁴): float → float16
 //             rounds to nearest even, overflows to ±inf; the compiler's _Float16 defines it.
-// NaN stays NaN (quiet) both ways; ±inf and ±0 are kept.
+// NaN stays NaN (quiet) both ways; ±inf and ±0 are kept. From double (what safetensors writes
+// double tensors with), each is rounded once, from the double itself.
 //
 // The bulk conversions run Highway's best target for this CPU (mha/core/simd.h pins it): F16C's
 // vcvtph2ps/vcvtps2ph for float16 on AVX2 and AVX-512, shifts and integer rounding for bfloat16
 // (bfloat16 → float is exactly a 16-bit shift; Highway 1.0 has no AVX512-BF16 rounding op), and
 // the scalar functions below elsewhere. Every target gives the scalar functions' bits.
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -43,10 +45,30 @@ inline bfloat16 to_bfloat16(float f) {
   return {static_cast<uint16_t>(bits >> 16)};
 }
 
+// Exact: every float16 is a float. By its bits rather than through _Float16, whose conversion is
+// a libgcc call on targets without F16C, ten times slower (safetensors decodes F16 tensors with
+// this); the same bits as _Float16 and F16C's vcvtph2ps give, for every one of the 65536.
 inline float to_float(float16 x) {
-  _Float16 h;
-  std::memcpy(&h, &x.bits, sizeof h);
-  return static_cast<float>(h);
+  const uint32_t sign = uint32_t{x.bits & 0x8000u} << 16;
+  const int exponent = (x.bits >> 10) & 0x1F;
+  uint32_t mantissa = x.bits & 0x3FFu;
+  constexpr int kRebias = 127 - 15;
+  uint32_t bits = 0;
+  if (exponent == 0x1F) {
+    // inf, or NaN with its payload kept and the quiet bit set
+    bits = sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
+  } else if (exponent != 0) {
+    bits = sign | (static_cast<uint32_t>(exponent + kRebias) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // ±0
+  } else {
+    // Subnormal m·2^-24 is a normal float: shift the leading one up to the implicit-bit position
+    // (bit 10) and lower the exponent by the same amount.
+    const int shift = std::countl_zero(mantissa) - 21;
+    mantissa = (mantissa << shift) & 0x3FFu;
+    bits = sign | (static_cast<uint32_t>(1 - shift + kRebias) << 23) | (mantissa << 13);
+  }
+  return std::bit_cast<float>(bits);
 }
 
 inline float16 to_float16(float f) {
@@ -55,6 +77,13 @@ inline float16 to_float16(float f) {
   std::memcpy(&x.bits, &h, sizeof h);
   return x;
 }
+
+// double → bfloat16 / float16, rounded once from the double: to nearest, ties to even, overflow to
+// ±inf, gradual underflow to subnormals, NaN quiet with the top of its payload. Rounding through
+// float would round twice (1 + 2⁻¹¹ + 2⁻⁴⁰ would become 1 in float16, not 1 + 2⁻¹⁰). For a
+// double that holds a float, the same bits as the float overloads above.
+bfloat16 to_bfloat16(double value);
+float16 to_float16(double value);
 
 // out[i] = in[i] converted, for i < count (Highway-dispatched; same bits as the scalar functions).
 void convert(const bfloat16* in, float* out, size_t count);

@@ -54,7 +54,7 @@ size_t panel_width();
 // must have room for n rounded up to a multiple of W; the extra columns get A·(B's extra
 // columns), so B must hold finite numbers there (the packers write zeros), and then an
 // accumulating C keeps its values in them.
-void gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate);
+void multiply(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool accumulate);
 
 // Panel layouts (panel_stride = k·W, columns beyond n zero-filled up to the panel's end):
 //   pack_rows:       B = X,  X is k × n (row stride ld);  dst[p·k·W + kk·W + c] = X[kk][p·W + c]

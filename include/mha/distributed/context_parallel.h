@@ -8,7 +8,7 @@
 // the whole call's: causal alignment, scale, dropout (drawn at the whole call's positions, so the
 // result does not depend on P or the layout) and masks broadcastable to the whole call's
 // (B, Hq, L, S), which every rank holds (a key-padding mask is B·S bytes). need_weights and
-// options.positions are refused (the schemes set the positions).
+// options.whole_call are refused (the schemes set it).
 //
 //   ring     queries stay; keys and values travel around the ring (rank r sends to r + 1), the
 //            transfer of the next block overlapped with the attention of the current one; each

@@ -11,14 +11,14 @@
 //
 // Sequences of one batch may have different lengths: append(key, value, counts) takes only the
 // first counts[b] of the T new tokens of sequence b (the others are padding), each written at
-// that sequence's own next position; attend masks each sequence's slots past its length and
+// that sequence's own next position; attend reads each sequence only up to its length and
 // gives padding queries output 0. truncate() rewinds (a rejected draft, a new turn over a shared
 // prefix); reset() empties it for reuse without reallocating.
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
+#include "mha/attention/options.h"
 #include "mha/core/half.h"
 #include "mha/core/tensor.h"
 #include "mha/core/view.h"
@@ -52,7 +52,7 @@ class KVCache {
   int64_t v_head_dim() const { return values_.size(3); }
 
   // The first `length()` slots of every sequence, (B, Hkv, length(), D), as views of the storage
-  // (slots past a sequence's own length hold stale or zero values: attend masks them).
+  // (slots past a sequence's own length hold stale or zero values: attend does not read them).
   View<const Kv> keys() const;
   View<const Kv> values() const;
 
@@ -70,15 +70,18 @@ class KVCache {
 // as in the last append and Hq a multiple of the cache's kv heads (GQA). Query t of sequence b is
 // the token at position p = lengths()[b] − last_counts()[b] + t; it sees the cached positions
 // 0..p (causal); queries t >= last_counts()[b] (padding) see nothing and give 0. Returns
-// (B, Hq, T, Dv). `scale` defaults to 1/sqrt(Dqk). Runs the decode backend for T <= 16
-// (automatic), cpu_flash on a float copy of the keys and values above that.
+// (B, Hq, T, Dv). `scoring` holds the call's other settings (scale, by default 1/sqrt(Dqk), and
+// dropout); its causal alignment must be none or bottom_right (the cache's own, applied in any
+// case) and its whole_call the default. The core reads each sequence's keys only up to its length
+// (Options::key_lengths). Runs the decode backend for T <= 16 (automatic), cpu_flash on a float
+// copy of the keys and values above that.
 template <class Kv>
-Tensor<float> attend(const KVCache<Kv>& cache, View<const float> query, std::optional<double> scale = std::nullopt);
+Tensor<float> attend(const KVCache<Kv>& cache, View<const float> query, const attention::Scoring& scoring = {});
 
 // The same, written into `output` (B, Hq, T, Dv) with any strides whose last dimension is
 // contiguous (the heads of a (B, T, Hq·Dv) buffer, as the module merges them).
 template <class Kv>
 void attend_into(const KVCache<Kv>& cache, View<const float> query, View<float> output,
-                 std::optional<double> scale = std::nullopt);
+                 const attention::Scoring& scoring = {});
 
 }  // namespace mha::nn

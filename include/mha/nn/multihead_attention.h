@@ -94,22 +94,25 @@ struct MultiheadAttentionMasks {
   std::optional<Tensor<bool>> attend_mask;
   std::optional<Tensor<T>> additive_mask;
   attention::Causal causal = attention::Causal::none;
+
+  // The attention core's options for a call with these masks (as views: the masks must outlive
+  // the options) and this dropout: the one place the module's three core calls (forward,
+  // backward, the packed inference twin) get their settings from. The seed is 0 without dropout,
+  // so that calls that draw nothing compare equal.
+  attention::Options<T> core_options(double dropout_p, uint64_t dropout_seed) const;
 };
 
 // What backward reads, as views: the forward's inputs in the caller's layout, what the forward
-// computed (its cache), and the masks, causality and dropout it ran with. Views let a caller
-// that keeps these itself (the Python binding: in torch tensors) run backward without copies.
+// computed (its cache), and the attention core's options it ran with (masks as views, causality,
+// dropout). Views let a caller that keeps these itself (the Python binding: in torch tensors) run
+// backward without copies.
 template <class T>
 struct MultiheadAttentionSaved {
   View<const T> query, key, value;  // as passed to forward, contiguous
   View<const T> q, k, v;            // projections (N, L, E) and (N, S', E), S' counting appended keys
   View<const double> logsumexp;     // (N, H, L)
   View<const T> merged;             // the attention's output, heads merged, (N, L, E)
-  View<const bool> attend_mask;     // MultiheadAttentionMasks' (undefined when absent)
-  View<const T> additive_mask;
-  attention::Causal causal = attention::Causal::none;
-  double dropout_p = 0.0;
-  uint64_t dropout_seed = 0;
+  attention::Options<T> core;       // MultiheadAttentionMasks::core_options (backend: backward's own)
 };
 
 // What forward computes for backward (the module keeps it; the free forward fills it).

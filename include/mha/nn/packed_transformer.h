@@ -36,6 +36,7 @@ class PackedTransformerEncoderLayer {
 
  private:
   TransformerEncoderLayerOptions options_;
+  MultiheadAttentionOptions attention_options_;  // self_attn's
   panel_gemm::PackedLinear in_proj_, out_proj_, linear1_, linear2_;
   LayerNorm<float> norm1_, norm2_;
 };

@@ -18,7 +18,7 @@
 //   pass B  dS = P∘(dP − D); dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K
 // still five matrix products per tile, and O(Br·S) scratch per thread, never L×S.
 //
-// Long key sequences (S > kLongKeys, tiles.h) would make that O(Br·S) scratch and the per-task
+// Long key sequences (S > kLongKeys, blocks.h) would make that O(Br·S) scratch and the per-task
 // dKᵀ, dVᵀ large, so the keys are taken in segments of kBackwardKeySegment: a first sweep over
 // the segments runs pass A only, to sum D's two sums over all keys (the same tiles in the same
 // order, so the same D); the second sweep runs passes A and B segment by segment, each task
@@ -37,8 +37,8 @@
 #include <cmath>
 #include <limits>
 
+#include "blocks.h"
 #include "cpu_flash.h"
-#include "tiles.h"
 
 namespace mha::attention::detail {
 
@@ -74,227 +74,301 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
   return chunks;
 }
 
-}  // namespace
-
-void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const BackwardArgs<float>& a) {
-  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is read
-  // only by a block of the rows' keys (D = dO·O, see the loop); the gradients are added to (they
-  // start at 0, or hold what a caller accumulates into).
-  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
-  const int64_t G = p.group_size();
-  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
-  if (B * Hq * L == 0 || S == 0) return;
-
-  const size_t W = panel_width();
-  const size_t Br = kBackwardQueries, Bc = kBackwardKeys;
-  const float scale = static_cast<float>(p.scale);
-  constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
-
+// How the work is cut: key segments, tasks and their chunks, row strides. A function of the shape
+// alone (never of the thread count).
+struct Plan {
+  int64_t B, Hq, Hkv, L, S, G;
+  size_t Dqk, Dv, W, Br = kBackwardQueries, Bc = kBackwardKeys;
   // Key segments: all keys at once, or kBackwardKeySegment at a time for long ones (see above).
-  const bool two_sweeps = S > kLongKeys;
-  const size_t segment = two_sweeps ? kBackwardKeySegment : to_size(S);
-  const int64_t segments = (S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment);
-  const size_t segment_padded = round_up(segment, W), dqk_padded = round_up(Dqk, W);
+  bool two_sweeps;
+  size_t segment;
+  int64_t segments;
+  size_t segment_padded, dqk_padded;
+  // Rows that span a segment's keys (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a
+  // stride off a power of two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the
+  // micro-kernel keeps in L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
+  size_t key_stride;
+  int64_t query_blocks;
+  // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs), the chunks from
+  // the whole call's (b, kv head) pairs (Options::whole_call): a block of heads sums its gradients
+  // in the very order the whole call does.
+  Chunks chunks;
+  int64_t tasks;
+  size_t kvt_size;  // dKᵀ then dVᵀ of one task
+  bool partial;     // a block of the rows' keys (Problem::partial_keys)
 
-  // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). Rows that span
-  // a segment's keys (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a stride off a
-  // power of two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in
-  // L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
-  const size_t key_stride = segment_padded + 16;
-  const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
-  // Chunks from the whole call's (b, kv head) pairs (Options::positions): a block of heads sums
-  // its gradients in the very order the whole call does.
-  const Chunks chunks = split_items(B * (p.whole.heads / G), G * query_blocks);
-  const int64_t tasks = B * Hkv * chunks.count;
-  const size_t kvt_size = (Dqk + Dv) * key_stride;  // dKᵀ then dVᵀ of one task
-  // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
-  Buffer<float> kvt_partial(chunks.count > 1 ? to_size(tasks) * kvt_size : 0, uninitialized);
-  // Two sweeps: every query row's Σ_j P dP and Σ_j P, summed over all segments by the first.
-  Buffer<double> all_row_dot(two_sweeps ? to_size(B * Hq * L) : 0), all_row_mass(two_sweeps ? to_size(B * Hq * L) : 0);
-  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0, partial = p.partial_keys();
+  explicit Plan(const Problem& p)
+      : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
+        Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), W(panel_width()),
+        two_sweeps(S > kLongKeys),
+        segment(two_sweeps ? kBackwardKeySegment : to_size(S)),
+        segments((S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment)),
+        segment_padded(round_up(segment, W)), dqk_padded(round_up(Dqk, W)),
+        key_stride(segment_padded + 16),
+        query_blocks((L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br)),
+        chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
+        tasks(B * Hkv * chunks.count),
+        kvt_size((Dqk + Dv) * key_stride),
+        partial(p.partial_keys()) {}
+};
+
+constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
+
+// One thread's buffers, all O(segment·d) or O(Br·segment).
+struct Scratch {
+  // The B operands of the task's kv head over the segment, in panels: Kᵀ (panels of keys) for
+  // S = Q·Kᵀ, Vᵀ (panels of keys) for dP = dO·Vᵀ, K (panels of Dqk columns) for dQ += dS·K; and
+  // the task's accumulators dKᵀ, dVᵀ.
+  Buffer<float> kt_packed, vt_packed, k_packed, kvt;
+  // One block of query rows × the segment's keys, and the block's A operands: scale·Q for
+  // S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
+  Buffer<float> probs, dprobs, bias, factors, q_scaled, qt, dot, dq, delta, lse_hi, lse_lo, renorm;
+  Buffer<double> row_dot, row_mass;
+  Buffer<int64_t> first, end;
+
+  Scratch(const Plan& n, bool masked, bool dropout)
+      : kt_packed(n.segment_padded * n.Dqk, uninitialized), vt_packed(n.segment_padded * n.Dv, uninitialized),
+        k_packed(n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
+        probs(n.Br * n.key_stride), dprobs(n.Br * n.key_stride), bias(masked ? n.Br * n.key_stride : 0),
+        factors(dropout ? n.Br * n.key_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
+        dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
+        row_dot(n.Br), row_mass(n.Br), first(n.Br), end(n.Br) {}
+
+  float* dkt() { return kvt.data(); }
+  float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
+  // The tile scratch of the block's columns from c0 on.
+  TileScratch tile(size_t c0) {
+    return {bias.size() ? bias.data() + c0 : nullptr, factors.size() ? factors.data() + c0 : nullptr, first.data(),
+            end.data()};
+  }
+  bool fully_masked(size_t r) const { return lse_hi[r] == std::numeric_limits<float>::infinity(); }  // split_logsumexp
+};
+
+// The backward of one call: the plan, what every thread shares, and the steps.
+class Backward {
+ public:
+  Backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a)
+      : p_(p), additions_(additions), a_(a), n_(p),
+        kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
+        all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
+        all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0) {}
+
+  void run() {
 #pragma omp parallel
-  {
-    // The B operands of the task's kv head over the segment, in panels: Kᵀ (panels of keys) for
-    // S = Q·Kᵀ, Vᵀ (panels of keys) for dP = dO·Vᵀ, K (panels of Dqk columns) for dQ += dS·K;
-    // and the task's accumulators. All O(segment·d) per thread.
-    Buffer<float> kt_packed(segment_padded * Dqk, uninitialized), vt_packed(segment_padded * Dv, uninitialized);
-    Buffer<float> k_packed(dqk_padded * segment, uninitialized), kvt(kvt_size);
-    float* dkt = kvt.data();
-    float* dvt = dkt + Dqk * key_stride;
-    // One block of query rows × the segment's keys (O(Br·segment) per thread), and the block's A
-    // operands: scale·Q for S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
-    const size_t row_block = Br * key_stride;
-    Buffer<float> probs(row_block), dprobs(row_block), bias(masked ? row_block : 0), factors(dropout ? row_block : 0);
-    Buffer<float> q_scaled(Br * Dqk, uninitialized), qt(Dqk * Br), dot(Dv * Br);
-    Buffer<float> dq(Br * dqk_padded), delta(Br), lse_hi(Br), lse_lo(Br), renorm(Br);
-    Buffer<double> row_dot(Br), row_mass(Br);
-    Buffer<int64_t> visible(Br);
-    auto fully_masked = [&](size_t r) { return lse_hi[r] == std::numeric_limits<float>::infinity(); };  // split_logsumexp
-
-    for (int sweep = two_sweeps && !partial ? 0 : 1; sweep < 2; ++sweep) {
-      const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
-      for (int64_t seg = 0; seg < segments; ++seg) {
-        const int64_t s0 = seg * static_cast<int64_t>(segment);
-        const size_t seg_keys = std::min<size_t>(segment, to_size(S - s0));
+    {
+      Scratch s(n_, additions_.present(), p_.dropout());
+      for (int sweep = n_.two_sweeps && !n_.partial ? 0 : 1; sweep < 2; ++sweep) {
+        const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
+        for (int64_t seg = 0; seg < n_.segments; ++seg) {
 #pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < tasks; ++task) {
-          const int64_t kv = task / chunks.count, chunk = task % chunks.count;  // kv = b·Hkv + kv head
-          const int64_t b = kv / Hkv;
-          const float* k_seg = a.key.row(b, kv % Hkv, s0);
-          const size_t k_ld = to_size(a.key.stride_row);
-          pack_transposed(k_seg, k_ld, seg_keys, Dqk, kt_packed.data());
-          pack_transposed(a.value.row(b, kv % Hkv, s0), to_size(a.value.stride_row), seg_keys, Dv, vt_packed.data());
-          if (gradients) {
-            pack_rows(k_seg, k_ld, seg_keys, Dqk, k_packed.data());
-            std::fill(kvt.data(), kvt.data() + kvt_size, 0.0f);
-          }
-          const int64_t first_item = chunk * chunks.items_per_chunk;
-          const int64_t end_item = std::min(G * query_blocks, first_item + chunks.items_per_chunk);
-
-          for (int64_t item = first_item; item < end_item; ++item) {
-            const int64_t h = (kv % Hkv) * G + item / query_blocks, bh = b * Hq + h;
-            const int64_t i0 = (item % query_blocks) * static_cast<int64_t>(Br);
-            const size_t rows = std::min<size_t>(Br, to_size(L - i0));
-            const size_t row0 = to_size(bh * L + i0);  // index of query i0 in the row totals
-            // Keys of the segment these queries see: all, or up to the causal limit of the last one.
-            const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i0 + static_cast<int64_t>(rows) - 1);
-            const int64_t s_end = std::min(s0 + static_cast<int64_t>(seg_keys), keys_seen);
-            if (s_end <= s0) continue;
-            auto block_cols = [&](int64_t j0) { return std::min<size_t>(Bc, to_size(s_end - j0)); };
-            const float* q_block = a.query.row(b, h, i0);
-            const float* dout_block = a.grad_output.row(b, h, i0);
-            const size_t q_ld = to_size(a.query.stride_row), dout_ld = to_size(a.grad_output.stride_row);
-            auto lse_of = [&](size_t r) { return *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)); };
-            for (size_t r = 0; r < rows; ++r)
-              for (size_t e = 0; e < Dqk; ++e) q_scaled[r * Dqk + e] = scale * q_block[r * q_ld + e];
-            for (size_t r = 0; r < rows; ++r) split_logsumexp(lse_of(r), lse_hi[r], lse_lo[r]);
-
-            // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are
-            // those of the forward, (scale·Q)·Kᵀ with the same products in the same order. Tile
-            // columns are counted from the segment's first key (c0 = j0 − s0).
-            // The sums go to the whole-row totals in the first of two sweeps; otherwise to this
-            // block's own (used with one sweep, already summed by the first with two).
-            std::fill(row_dot.data(), row_dot.data() + rows, 0.0);
-            std::fill(row_mass.data(), row_mass.data() + rows, 0.0);
-            const bool totals = two_sweeps && !gradients;
-            double* sum_dot = totals ? all_row_dot.data() + row0 : row_dot.data();
-            double* sum_mass = totals ? all_row_mass.data() + row0 : row_mass.data();
-            for (int64_t j0 = s0; j0 < s_end; j0 += static_cast<int64_t>(Bc)) {
-              const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
-              gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed.data() + c0 * Dqk, W, Dqk * W},
-                   {probs.data() + c0, key_stride}, false);
-              gemm(rows, cols, Dv, {dout_block, dout_ld}, {vt_packed.data() + c0 * Dv, W, Dv * W},
-                   {dprobs.data() + c0, key_stride}, false);
-              ScoreTile t{probs.data() + c0, key_stride, rows, cols};
-              if (masked) {
-                fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data() + c0, key_stride);
-                t.bias = bias.data() + c0;
-              }
-              if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
-                fill_visible(p, i0, rows, j0, visible.data());
-                t.visible = visible.data();
-              }
-              if (dropout) {
-                fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data() + c0, key_stride);
-                t.dropout = factors.data() + c0;
-              }
-              probabilities_tile(t, lse_hi.data(), lse_lo.data(), dprobs.data() + c0, sum_dot, sum_mass);
-            }
-            if (!gradients) continue;
-            // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and
-            // of each exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish
-            // to rounding whatever that sum is (a fully masked row has both sums 0: D = 0).
-            const double* dots = two_sweeps ? all_row_dot.data() + row0 : row_dot.data();
-            const double* masses = two_sweeps ? all_row_mass.data() + row0 : row_mass.data();
-            for (size_t r = 0; r < rows; ++r) delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
-            // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
-            // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
-            if (partial) {
-              for (size_t r = 0; r < rows; ++r) {
-                const float* o = a.output.row(b, h, i0 + static_cast<int64_t>(r));
-                double d = 0;
-                for (size_t e = 0; e < Dv; ++e) d += static_cast<double>(dout_block[r * dout_ld + e]) * o[e];
-                delta[r] = static_cast<float>(d);
-              }
-            }
-            // Rows whose logsumexp is too large to rebuild P exactly use P / Σ_j P (tiles.h).
-            bool renormalizing = false;
-            for (size_t r = 0; r < rows && !partial; ++r) {
-              const bool renormalize =
-                  logsumexp_needs_renormalizing(lse_of(r)) && masses[r] > 0;
-              renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
-              renormalizing = renormalizing || renormalize;
-            }
-
-            // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
-            // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
-            // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
-            // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
-            transpose(q_block, q_ld, rows, Dqk, qt.data(), Br);
-            transpose(dout_block, dout_ld, rows, Dv, dot.data(), Br);
-            for (size_t r = 0; r < rows; ++r) {
-              if (!fully_masked(r)) continue;
-              for (size_t d = 0; d < Dqk; ++d) qt[d * Br + r] = 0.0f;
-              for (size_t d = 0; d < Dv; ++d) dot[d * Br + r] = 0.0f;
-            }
-            std::fill(dq.data(), dq.data() + rows * dqk_padded, 0.0f);
-            for (int64_t j0 = s0; j0 < s_end; j0 += static_cast<int64_t>(Bc)) {
-              const size_t cols = block_cols(j0), c0 = to_size(j0 - s0);
-              float* block_probs = probs.data() + c0;
-              float* block_ds = dprobs.data() + c0;
-              score_gradients_tile(block_probs, block_ds, key_stride, rows, cols, delta.data(),
-                                   dropout ? factors.data() + c0 : nullptr, renormalizing ? renorm.data() : nullptr);
-              gemm(Dv, cols, rows, {dot.data(), Br}, {block_probs, key_stride, W}, {dvt + c0, key_stride}, true);
-              gemm(Dqk, cols, rows, {qt.data(), Br}, {block_ds, key_stride, W}, {dkt + c0, key_stride}, true);
-              gemm(rows, Dqk, cols, {block_ds, key_stride}, {k_packed.data() + c0 * W, W, seg_keys * W},
-                   {dq.data(), dqk_padded}, true);
-            }
-            // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
-            // segments in order.
-            for (size_t r = 0; r < rows; ++r) {
-              if (fully_masked(r)) continue;
-              float* grad_q = a.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
-              for (size_t d = 0; d < Dqk; ++d) grad_q[d] += scale * dq[r * dqk_padded + d];
-            }
-          }
-          if (!gradients) continue;
-
-          // The task's dKᵀ, dVᵀ over the segment: the whole gradient of its kv head's keys there
-          // (dK = scale·dKᵀᵀ, dV = dVᵀᵀ), or one chunk's part of it.
-          if (chunks.count == 1) {
-            for (size_t j = 0; j < seg_keys; ++j) {
-              float* dk = a.grad_key.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
-              float* dv = a.grad_value.row(b, kv % Hkv, s0 + static_cast<int64_t>(j));
-              for (size_t d = 0; d < Dqk; ++d) dk[d] += scale * dkt[d * key_stride + j];
-              for (size_t d = 0; d < Dv; ++d) dv[d] += dvt[d * key_stride + j];
-            }
-          } else {
-            std::copy_n(kvt.data(), kvt_size, kvt_partial.data() + to_size(task) * kvt_size);
-          }
-        }
-
-        // With chunks: dK += scale·Σ_chunk dKᵀᵀ and dV += Σ_chunk dVᵀᵀ over the segment, summed in
-        // chunk order (after the loop above: its end is a barrier) into the first chunk's part.
-        if (!gradients || chunks.count == 1) continue;
-#pragma omp for schedule(static)
-        for (int64_t kv = 0; kv < B * Hkv; ++kv) {
-          float* sum = kvt_partial.data() + to_size(kv * chunks.count) * kvt_size;
-          for (int64_t chunk = 1; chunk < chunks.count; ++chunk) {
-            const float* part = kvt_partial.data() + to_size(kv * chunks.count + chunk) * kvt_size;
-            for (size_t d = 0; d < Dqk + Dv; ++d)
-              for (size_t j = 0; j < seg_keys; ++j) sum[d * key_stride + j] += part[d * key_stride + j];
-          }
-          for (size_t j = 0; j < seg_keys; ++j) {
-            float* dk = a.grad_key.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j));
-            float* dv = a.grad_value.row(kv / Hkv, kv % Hkv, s0 + static_cast<int64_t>(j));
-            for (size_t d = 0; d < Dqk; ++d) dk[d] += scale * sum[d * key_stride + j];
-            for (size_t d = 0; d < Dv; ++d) dv[d] += sum[(Dqk + d) * key_stride + j];
-          }
+          for (int64_t task = 0; task < n_.tasks; ++task) run_task(s, task, seg, gradients);
+          // (the loop's end is a barrier: every chunk's part is written)
+          if (gradients && n_.chunks.count > 1) sum_chunks(seg);
         }
       }
     }
   }
+
+ private:
+  // Segment seg's keys [s0, s0 + seg_keys).
+  int64_t segment_start(int64_t seg) const { return seg * static_cast<int64_t>(n_.segment); }
+  size_t segment_keys(int64_t seg) const { return std::min<size_t>(n_.segment, to_size(n_.S - segment_start(seg))); }
+
+  // One task over one segment: pack the kv head's keys and values there, run the task's query
+  // blocks, then hand over its dKᵀ, dVᵀ.
+  void run_task(Scratch& s, int64_t task, int64_t seg, bool gradients) {
+    const int64_t kv = task / n_.chunks.count, chunk = task % n_.chunks.count;  // kv = b·Hkv + kv head
+    const int64_t b = kv / n_.Hkv, s0 = segment_start(seg);
+    const size_t seg_keys = segment_keys(seg);
+    const float* k_seg = a_.key.row(b, kv % n_.Hkv, s0);
+    const size_t k_ld = to_size(a_.key.stride_row);
+    pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
+    pack_transposed(a_.value.row(b, kv % n_.Hkv, s0), to_size(a_.value.stride_row), seg_keys, n_.Dv,
+                    s.vt_packed.data());
+    if (gradients) {
+      pack_rows(k_seg, k_ld, seg_keys, n_.Dqk, s.k_packed.data());
+      std::fill(s.kvt.data(), s.kvt.data() + n_.kvt_size, 0.0f);
+    }
+    const int64_t first_item = chunk * n_.chunks.items_per_chunk;
+    const int64_t end_item = std::min(n_.G * n_.query_blocks, first_item + n_.chunks.items_per_chunk);
+    for (int64_t item = first_item; item < end_item; ++item) {
+      const int64_t h = (kv % n_.Hkv) * n_.G + item / n_.query_blocks;
+      const int64_t i0 = (item % n_.query_blocks) * static_cast<int64_t>(n_.Br);
+      query_block(s, b, h, i0, std::min<size_t>(n_.Br, to_size(n_.L - i0)), seg, gradients);
+    }
+    if (gradients) hand_over_kv_gradients(s, task, seg);
+  }
+
+  // Queries [i0, i0 + rows) of (b, h) against the segment's keys they see.
+  void query_block(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t seg, bool gradients) {
+    const int64_t s0 = segment_start(seg);
+    const KeyRange keys = p_.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
+    const int64_t s_begin = std::max(s0, key_walk_start(keys));
+    const int64_t s_end = std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end);
+    if (s_end <= s_begin) return;
+    const float scale = static_cast<float>(p_.scale);
+    const float* q_block = a_.query.row(b, h, i0);
+    const size_t q_ld = to_size(a_.query.stride_row);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * q_block[r * q_ld + e];
+    for (size_t r = 0; r < rows; ++r) split_logsumexp(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)), s.lse_hi[r], s.lse_lo[r]);
+
+    // The sums that make D go to the whole-row totals in the first of two sweeps; otherwise to
+    // this block's own (used with one sweep, already summed by the first with two).
+    const size_t row0 = to_size((b * n_.Hq + h) * n_.L + i0);  // index of query i0 in the row totals
+    std::fill(s.row_dot.data(), s.row_dot.data() + rows, 0.0);
+    std::fill(s.row_mass.data(), s.row_mass.data() + rows, 0.0);
+    const bool totals = n_.two_sweeps && !gradients;
+    pass_a(s, b, h, i0, rows, s0, s_begin, s_end, totals ? all_row_dot_.data() + row0 : s.row_dot.data(),
+           totals ? all_row_mass_.data() + row0 : s.row_mass.data());
+    if (!gradients) return;
+    const double* dots = n_.two_sweeps ? all_row_dot_.data() + row0 : s.row_dot.data();
+    const double* masses = n_.two_sweeps ? all_row_mass_.data() + row0 : s.row_mass.data();
+    const bool renormalizing = row_constants(s, b, h, i0, rows, dots, masses);
+    pass_b(s, b, h, i0, rows, s0, s_begin, s_end, renormalizing);
+  }
+
+  // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are those of the
+  // forward, (scale·Q)·Kᵀ with the same products in the same order. Tile columns are counted from
+  // the segment's first key (c0 = j0 − s0).
+  void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
+              double* sum_dot, double* sum_mass) {
+    const float* dout_block = a_.grad_output.row(b, h, i0);
+    const size_t dout_ld = to_size(a_.grad_output.stride_row), W = n_.W, ks = n_.key_stride;
+    for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
+      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0);
+      multiply(rows, cols, n_.Dqk, {s.q_scaled.data(), n_.Dqk}, {s.kt_packed.data() + c0 * n_.Dqk, W, n_.Dqk * W},
+               {s.probs.data() + c0, ks}, false);
+      multiply(rows, cols, n_.Dv, {dout_block, dout_ld}, {s.vt_packed.data() + c0 * n_.Dv, W, n_.Dv * W},
+               {s.dprobs.data() + c0, ks}, false);
+      const ScoreTile t = make_tile(p_, additions_, s.tile(c0), s.probs.data() + c0, ks, b, rows, j0, cols,
+                                    [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; });
+      probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), s.dprobs.data() + c0, sum_dot, sum_mass);
+    }
+  }
+
+  // D and the renormalising factors of the block's rows; true when some row is renormalised.
+  bool row_constants(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, const double* dots,
+                     const double* masses) {
+    // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and of each
+    // exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish to rounding
+    // whatever that sum is (a fully masked row has both sums 0: D = 0).
+    for (size_t r = 0; r < rows; ++r) s.delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
+    // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
+    // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
+    if (n_.partial) {
+      const float* dout_block = a_.grad_output.row(b, h, i0);
+      const size_t dout_ld = to_size(a_.grad_output.stride_row);
+      for (size_t r = 0; r < rows; ++r) {
+        const float* o = a_.output.row(b, h, i0 + static_cast<int64_t>(r));
+        double d = 0;
+        for (size_t e = 0; e < n_.Dv; ++e) d += static_cast<double>(dout_block[r * dout_ld + e]) * o[e];
+        s.delta[r] = static_cast<float>(d);
+      }
+      return false;
+    }
+    // Rows whose logsumexp is too large to rebuild P exactly use P / Σ_j P (blocks.h).
+    bool renormalizing = false;
+    for (size_t r = 0; r < rows; ++r) {
+      const bool renormalize =
+          logsumexp_needs_renormalizing(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r))) && masses[r] > 0;
+      s.renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
+      renormalizing = renormalizing || renormalize;
+    }
+    return renormalizing;
+  }
+
+  // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
+  void pass_b(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
+              bool renormalizing) {
+    const size_t W = n_.W, ks = n_.key_stride, Br = n_.Br, Dqk = n_.Dqk, Dv = n_.Dv;
+    // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
+    // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
+    // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
+    transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt.data(), Br);
+    transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot.data(), Br);
+    for (size_t r = 0; r < rows; ++r) {
+      if (!s.fully_masked(r)) continue;
+      for (size_t d = 0; d < Dqk; ++d) s.qt[d * Br + r] = 0.0f;
+      for (size_t d = 0; d < Dv; ++d) s.dot[d * Br + r] = 0.0f;
+    }
+    std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
+    const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
+    for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
+      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0);
+      float* block_probs = s.probs.data() + c0;
+      float* block_ds = s.dprobs.data() + c0;
+      score_gradients_tile(block_probs, block_ds, ks, rows, cols, s.delta.data(),
+                           p_.dropout() ? s.factors.data() + c0 : nullptr, renormalizing ? s.renorm.data() : nullptr);
+      multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ks, W}, {s.dvt(n_) + c0, ks}, true);
+      multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ks, W}, {s.dkt() + c0, ks}, true);
+      multiply(rows, Dqk, cols, {block_ds, ks}, {s.k_packed.data() + c0 * W, W, seg_keys * W},
+               {s.dq.data(), n_.dqk_padded}, true);
+    }
+    // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
+    // segments in order.
+    const float scale = static_cast<float>(p_.scale);
+    for (size_t r = 0; r < rows; ++r) {
+      if (s.fully_masked(r)) continue;
+      float* grad_q = a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
+      for (size_t d = 0; d < Dqk; ++d) grad_q[d] += scale * s.dq[r * n_.dqk_padded + d];
+    }
+  }
+
+  // dK += scale·(dKᵀ)ᵀ, dV += (dVᵀ)ᵀ over keys [s0, s0 + seg_keys) of kv head kv from a sum laid out
+  // as the task's accumulators.
+  void add_kv_gradients(const float* sum, int64_t kv, int64_t seg) const {
+    const float scale = static_cast<float>(p_.scale);
+    const int64_t s0 = segment_start(seg);
+    for (size_t j = 0; j < segment_keys(seg); ++j) {
+      float* dk = a_.grad_key.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
+      float* dv = a_.grad_value.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
+      for (size_t d = 0; d < n_.Dqk; ++d) dk[d] += scale * sum[d * n_.key_stride + j];
+      for (size_t d = 0; d < n_.Dv; ++d) dv[d] += sum[(n_.Dqk + d) * n_.key_stride + j];
+    }
+  }
+
+  // The task's dKᵀ, dVᵀ over the segment: the whole gradient of its kv head's keys there, or one
+  // chunk's part of it (summed by sum_chunks).
+  void hand_over_kv_gradients(Scratch& s, int64_t task, int64_t seg) {
+    if (n_.chunks.count == 1) return add_kv_gradients(s.kvt.data(), task, seg);
+    std::copy_n(s.kvt.data(), n_.kvt_size, kvt_partial_.data() + to_size(task) * n_.kvt_size);
+  }
+
+  // With chunks: each kv head's parts summed in chunk order into the first chunk's, then added.
+  void sum_chunks(int64_t seg) {
+    const size_t seg_keys = segment_keys(seg), stride = n_.key_stride;
+#pragma omp for schedule(static)
+    for (int64_t kv = 0; kv < n_.B * n_.Hkv; ++kv) {
+      float* sum = kvt_partial_.data() + to_size(kv * n_.chunks.count) * n_.kvt_size;
+      for (int64_t chunk = 1; chunk < n_.chunks.count; ++chunk) {
+        const float* part = kvt_partial_.data() + to_size(kv * n_.chunks.count + chunk) * n_.kvt_size;
+        for (size_t d = 0; d < n_.Dqk + n_.Dv; ++d)
+          for (size_t j = 0; j < seg_keys; ++j) sum[d * stride + j] += part[d * stride + j];
+      }
+      add_kv_gradients(sum, kv, seg);
+    }
+  }
+
+  const Problem& p_;
+  const ScoreAdditions<float>& additions_;
+  const BackwardArgs<float>& a_;
+  const Plan n_;
+  // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
+  Buffer<float> kvt_partial_;
+  // Two sweeps: every query row's Σ_j P dP and Σ_j P, summed over all segments by the first.
+  Buffer<double> all_row_dot_, all_row_mass_;
+};
+
+}  // namespace
+
+void cpu_flash_backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a) {
+  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
+  // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is read
+  // only by a block of the rows' keys (D = dO·O); the gradients are added to (they start at 0, or
+  // hold what a caller accumulates into).
+  if (p.batch * p.query_heads * p.query_len == 0 || p.key_len == 0) return;
+  Backward(p, additions, a).run();
 }
 
 }  // namespace mha::attention::detail

@@ -9,7 +9,7 @@
 //
 // Extra memory: per thread, packed copies of one kv head (O(S·d)) and tiles (forward O(Br·Bc),
 // backward O(Br·S)); in the backward of a call with few (b, kv head) pairs, per-chunk partial
-// dK, dV (at most 8 copies of their size). Past kLongKeys keys (tiles.h) the forward shares one
+// dK, dV (at most 8 copies of their size). Past kLongKeys keys (blocks.h) the forward shares one
 // packed kv head and the backward works on key segments, so S no longer multiplies the per-thread
 // and per-chunk parts (L = S = 65536, d = 64: about 32 MiB). L×S only when the weights are asked
 // for. Results are bitwise the same for any number of threads.
@@ -21,8 +21,8 @@
 
 namespace mha::attention::detail {
 
-void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float>& a);
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a);
 
-void cpu_flash_backward(const Problem& p, const Masks<float>& masks, const BackwardArgs<float>& a);
+void cpu_flash_backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a);
 
 }  // namespace mha::attention::detail

@@ -14,36 +14,142 @@
 #include <cmath>
 #include <limits>
 
+#include "blocks.h"
 #include "cpu_flash.h"
-#include "tiles.h"
 
 namespace mha::attention::detail {
 
 using namespace cpu_flash;
 
-void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float>& a) {
+namespace {
+
+// The kv head's B operands in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ and V (S × Dv,
+// panels of value columns) for O += P·V.
+struct PackedKv {
+  const float* kt;
+  const float* v;
+};
+
+// One thread's scratch for query blocks of at most Br rows: the score tile and its additions
+// (Br × Bc, row stride Bc), the output accumulator and the per-row state.
+struct Scratch {
+  size_t dv_padded;
+  Buffer<float> scores, bias, factors, out, q_scaled, row_max, lse_hi, lse_lo;
+  Buffer<double> row_sum;
+  Buffer<int64_t> first, end;
+
+  Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded)
+      : dv_padded(dv_padded),
+        scores(kForwardQueries * kForwardKeys),
+        bias(masked ? kForwardQueries * kForwardKeys : 0),
+        factors(p.dropout() ? kForwardQueries * kForwardKeys : 0),
+        out(kForwardQueries * dv_padded),
+        q_scaled(kForwardQueries * Dqk),
+        row_max(kForwardQueries),
+        lse_hi(kForwardQueries),
+        lse_lo(kForwardQueries),
+        row_sum(kForwardQueries),
+        first(kForwardQueries),
+        end(kForwardQueries) {}
+
+  TileScratch tile() { return {bias.size() ? bias.data() : nullptr, factors.size() ? factors.data() : nullptr, first.data(), end.data()}; }
+};
+
+// Queries [i0, i0 + rows) of (b, h): the online softmax over the key blocks they see, then the
+// output and logsumexp rows, then (when asked) the weights.
+void forward_query_block(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a,
+                         const PackedKv& kv, Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) {
+  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim), S = to_size(p.key_len);
+  const size_t W = panel_width(), Bc = kForwardKeys, dv_padded = s.dv_padded;
+  std::fill(s.row_max.data(), s.row_max.data() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(s.row_sum.data(), s.row_sum.data() + rows, 0.0);
+  std::fill(s.out.data(), s.out.data() + rows * dv_padded, 0.0f);
+  for (size_t r = 0; r < rows; ++r) {  // scale·Q, scaled once for every key block
+    const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
+    for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
+  }
+  // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ, and the additions the kernels apply.
+  auto score_tile = [&](int64_t j0, size_t cols) {
+    multiply(rows, cols, Dqk, {s.q_scaled.data(), Dqk}, {kv.kt + to_size(j0) * Dqk, W, Dqk * W},
+             {s.scores.data(), Bc}, false);
+    return make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
+                     [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; });
+  };
+  // The key blocks some row of the block sees, the last one trimmed to the last such key.
+  const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
+  auto for_each_key_block = [&](auto&& step) {
+    for (int64_t j0 = key_walk_start(keys); j0 < keys.end; j0 += static_cast<int64_t>(Bc))
+      step(j0, std::min<size_t>(Bc, to_size(keys.end - j0)));
+  };
+
+  // 1. The online softmax over the key blocks.
+  for_each_key_block([&](int64_t j0, size_t cols) {
+    const ScoreTile t = score_tile(j0, cols);
+    online_softmax_tile(t, s.row_max.data(), s.row_sum.data(), s.out.data(), dv_padded, Dv);
+    multiply(rows, Dv, cols, {s.scores.data(), Bc}, {kv.v + to_size(j0) * W, W, S * W}, {s.out.data(), dv_padded},
+             true);
+  });
+
+  // 2. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
+  // nothing has l = 0 (its scores were all −inf): O = 0, logsumexp = −inf. A NaN score left
+  // l = NaN (whatever m is), so O and logsumexp are NaN. Otherwise l >= 1 (the maximum's
+  // own term).
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + static_cast<int64_t>(r);
+    float* o = a.output.row(b, h, i);
+    double& lse = *a.logsumexp.row(b, h, i);
+    if (s.row_sum[r] == 0.0) {
+      lse = -std::numeric_limits<double>::infinity();
+      std::fill(o, o + Dv, 0.0f);  // every output row is written here (attention.cpp relies on it)
+      continue;
+    }
+    lse = static_cast<double>(s.row_max[r]) + std::log(s.row_sum[r]);
+    const float inv_sum = static_cast<float>(1.0 / s.row_sum[r]);
+    for (size_t c = 0; c < Dv; ++c) o[c] = s.out[r * dv_padded + c] * inv_sum;
+  }
+
+  // 3. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from
+  // m and l themselves rather than their sum logsumexp, whose double may have lost log l
+  // (blocks.h). A row that saw nothing gets the kernels' mark for P = 0 and a NaN row NaN
+  // (its m may be +inf, which is that mark), as split_logsumexp gives them.
+  if (!a.weights.present()) return;
+  for (size_t r = 0; r < rows; ++r) {
+    const double lse = *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r));
+    if (std::isnan(lse) || s.row_sum[r] == 0.0) {
+      split_logsumexp(lse, s.lse_hi[r], s.lse_lo[r]);
+    } else {
+      s.lse_hi[r] = s.row_max[r];
+      s.lse_lo[r] = static_cast<float>(std::log(s.row_sum[r]));
+    }
+  }
+  for_each_key_block([&](int64_t j0, size_t cols) {
+    const ScoreTile t = score_tile(j0, cols);
+    probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), nullptr, nullptr, nullptr);
+    for (size_t r = 0; r < rows; ++r)
+      std::copy_n(s.scores.data() + r * Bc, cols, a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0);
+  });
+}
+
+}  // namespace
+
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S), rows at any strides
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
-  const bool need_weights = a.weights.present();
   if (B * Hq * L == 0) return;
 
   const size_t W = panel_width();
   const size_t keys_padded = round_up(to_size(S), W);  // keys as columns of Kᵀ, whole panels
   const size_t dv_padded = round_up(Dv, W);
-  const size_t Br = kForwardQueries, Bc = kForwardKeys;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t Br = static_cast<int64_t>(kForwardQueries);
 
   // One task per (b, h, block of Br queries); tasks run in parallel, each writes only its rows.
-  const int64_t query_blocks = (L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br);
+  const int64_t query_blocks = (L + Br - 1) / Br;
   const int64_t tasks = B * Hq * query_blocks;
-  const bool masked = has_masks(masks), dropout = p.dropout_p > 0.0;
-  const size_t tile = Br * Bc;  // row stride Bc, a multiple of 64, so of W
-  // The B operands of one (b, kv head), in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ and
-  // V (S × Dv, panels of value columns) for O += P·V. Short keys: each thread packs the kv head of
-  // its task when that moves to another one (consecutive tasks mostly share one), O(S·d) per
-  // thread. Long keys: one shared copy, the kv heads taken one after another.
+  // The packed kv head (PackedKv). Short keys: each thread packs the kv head of its task when that
+  // moves to another one (consecutive tasks mostly share one), O(S·d) per thread. Long keys: one
+  // shared copy, the kv heads taken one after another.
   const bool shared_packs = S > kLongKeys;
   const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
   Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
@@ -56,104 +162,18 @@ void cpu_flash_forward(const Problem& p, const Masks<float>& masks, const Forwar
   {
     Buffer<float> own_kt(shared_packs ? 0 : kt_size, Buffer<float>::Uninitialized);
     Buffer<float> own_v(shared_packs ? 0 : v_size, Buffer<float>::Uninitialized);
-    const float* kt_packed = shared_packs ? shared_kt.data() : own_kt.data();
-    const float* v_packed = shared_packs ? shared_v.data() : own_v.data();
+    const PackedKv packed = shared_packs ? PackedKv{shared_kt.data(), shared_v.data()} : PackedKv{own_kt.data(), own_v.data()};
     int64_t packed_kv = -1;
-    Buffer<float> scores(tile), bias(masked ? tile : 0), factors(dropout ? tile : 0), out(Br * dv_padded);
-    Buffer<float> q_scaled(Br * Dqk), row_max(Br), lse_hi(Br), lse_lo(Br);
-    Buffer<double> row_sum(Br);
-    Buffer<int64_t> visible(Br);
-
-    // The score tile of queries [i0, i0 + rows) × keys [j0, j0 + cols): S = (scale·Q)·Kᵀ (the
-    // block's queries are scaled once, in q_scaled), and the additions the kernels apply on top.
-    auto score_tile = [&](int64_t bh, int64_t i0, size_t rows, int64_t j0, size_t cols) {
-      const int64_t b = bh / Hq, h = bh % Hq;
-      gemm(rows, cols, Dqk, {q_scaled.data(), Dqk}, {kt_packed + to_size(j0) * Dqk, W, Dqk * W},
-           {scores.data(), Bc}, false);
-      ScoreTile t{scores.data(), Bc, rows, cols};
-      if (masked) {
-        fill_mask_tile(masks, b, h, i0, rows, j0, cols, bias.data(), Bc);
-        t.bias = bias.data();
-      }
-      if (!causal_block_open(p, i0, j0 + static_cast<int64_t>(cols))) {
-        fill_visible(p, i0, rows, j0, visible.data());
-        t.visible = visible.data();
-      }
-      if (dropout) {
-        fill_dropout_tile(p, bh, i0, rows, j0, cols, factors.data(), Bc);
-        t.dropout = factors.data();
-      }
-      return t;
-    };
+    Scratch scratch(p, additions.present(), Dqk, dv_padded);
 
     auto run_task = [&](int64_t task) {
-      const int64_t bh = task / query_blocks, kv = (bh / Hq) * Hkv + (bh % Hq) / p.group_size();
-      const int64_t i0 = (task % query_blocks) * static_cast<int64_t>(Br);
-      const size_t rows = std::min<size_t>(Br, to_size(L - i0));
-      const int64_t i_last = i0 + static_cast<int64_t>(rows) - 1;
+      const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
+      const int64_t i0 = (task % query_blocks) * Br;
       if (!shared_packs && kv != packed_kv) {
         pack_kv_head(kv, own_kt.data(), own_v.data());
         packed_kv = kv;
       }
-      std::fill(row_max.data(), row_max.data() + rows, neg_inf);
-      std::fill(row_sum.data(), row_sum.data() + rows, 0.0);
-      std::fill(out.data(), out.data() + rows * dv_padded, 0.0f);
-      const int64_t b = bh / Hq, h = bh % Hq;
-      for (size_t r = 0; r < rows; ++r) {
-        const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
-        for (size_t e = 0; e < Dqk; ++e) q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
-      }
-
-      // 2a. The online softmax over the key blocks; causality ends the walk at the last key
-      // any row of this block can see (keys_seen), trimming the last block to it.
-      const int64_t keys_seen = p.causal == Causal::none ? S : p.causal_limit(i_last);
-      for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
-        const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
-        const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
-        online_softmax_tile(t, row_max.data(), row_sum.data(), out.data(), dv_padded, Dv);
-        gemm(rows, Dv, cols, {scores.data(), Bc}, {v_packed + to_size(j0) * W, W, to_size(S) * W},
-             {out.data(), dv_padded}, true);
-      }
-
-      // 2b. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
-      // nothing has l = 0 (its scores were all −inf): O = 0, logsumexp = −inf. A NaN score left
-      // l = NaN (whatever m is), so O and logsumexp are NaN. Otherwise l >= 1 (the maximum's
-      // own term).
-      for (size_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + static_cast<int64_t>(r);
-        float* o = a.output.row(b, h, i);
-        double& lse = *a.logsumexp.row(b, h, i);
-        if (row_sum[r] == 0.0) {
-          lse = -std::numeric_limits<double>::infinity();
-          std::fill(o, o + Dv, 0.0f);  // every output row is written here (attention.cpp relies on it)
-          continue;
-        }
-        lse = static_cast<double>(row_max[r]) + std::log(row_sum[r]);
-        const float inv_sum = static_cast<float>(1.0 / row_sum[r]);
-        for (size_t c = 0; c < Dv; ++c) o[c] = out[r * dv_padded + c] * inv_sum;
-      }
-
-      // 2c. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from
-      // m and l themselves rather than their sum logsumexp, whose double may have lost log l
-      // (tiles.h). A row that saw nothing gets the kernels' mark for P = 0 and a NaN row NaN
-      // (its m may be +inf, which is that mark), as split_logsumexp gives them.
-      if (!need_weights) return;
-      for (size_t r = 0; r < rows; ++r) {
-        const double lse = *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r));
-        if (std::isnan(lse) || row_sum[r] == 0.0) {
-          split_logsumexp(lse, lse_hi[r], lse_lo[r]);
-        } else {
-          lse_hi[r] = row_max[r];
-          lse_lo[r] = static_cast<float>(std::log(row_sum[r]));
-        }
-      }
-      for (int64_t j0 = 0; j0 < keys_seen; j0 += static_cast<int64_t>(Bc)) {
-        const size_t cols = std::min<size_t>(Bc, to_size(keys_seen - j0));
-        const ScoreTile t = score_tile(bh, i0, rows, j0, cols);
-        probabilities_tile(t, lse_hi.data(), lse_lo.data(), nullptr, nullptr, nullptr);
-        for (size_t r = 0; r < rows; ++r)
-          std::copy_n(scores.data() + r * Bc, cols, a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0);
-      }
+      forward_query_block(p, additions, a, packed, scratch, b, h, i0, to_size(std::min(Br, L - i0)));
     };
 
     if (!shared_packs) {

@@ -7,16 +7,16 @@
 #include <limits>
 #include <type_traits>
 
-#include "../cpu_flash/tiles.h"
+#include "../tiles/tiles.h"
 #include "kernels.h"
 #include "mha/core/half.h"
 
 namespace mha::attention::detail {
 namespace {
 
-using cpu_flash::Buffer;
-using cpu_flash::round_up;
-using cpu_flash::to_size;
+using tiles::Buffer;
+using tiles::round_up;
+using tiles::to_size;
 
 // Keys per block inside a task: the score tile's width (a multiple of every target's lanes). A
 // block of keys and values (256 × d floats each) stays in L2 while the task's row blocks use it.
@@ -32,144 +32,185 @@ int64_t chunk_keys(size_t rows) {
   return static_cast<int64_t>(4 * kBlockKeys * std::clamp<size_t>(rows / 16, 1, 4));
 }
 
-}  // namespace
-
-template <class Kv>
-void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float, Kv>& a) {
-  // A block of keys or values as the kernels read it: the cache's rows, or a staged float copy.
-  struct Operand {
-    const Kv* rows;
-    const float* staged;
-    size_t stride;
-  };
-  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
-  // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
-  const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len;
-  const int64_t G = p.group_size();
-  const size_t R = to_size(G * L);  // rows of a (b, kv head): row r is query head kv·G + r / L, query r % L
-  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
-  const size_t N = decode::lanes();
+// The call's shape as decode cuts it: the rows of a (b, kv head) and the key chunks.
+struct Plan {
+  int64_t B, Hq, Hkv, L, G;
+  size_t R;  // rows of a (b, kv head): row r is query head kv·G + r / L, query r % L
+  size_t Dqk, Dv, N;
   // Rows are read in place (and converted to float as they are loaded) when they are whole
   // vectors; otherwise each block is first converted into a zero-padded float buffer.
-  const bool stage_k = Dqk % N != 0, stage_v = Dv % N != 0;
-  const size_t dq = round_up(std::max<size_t>(Dqk, 1), N), dv = round_up(std::max<size_t>(Dv, 1), N);
+  bool stage_k, stage_v;
+  size_t dq, dv;
+  int64_t chunk, chunks, tasks;
 
-  // The keys some row can see: all, or up to the last query's causal limit.
-  const int64_t keys = p.causal == Causal::none ? p.key_len : p.causal_limit(L - 1);
-  const int64_t chunk = chunk_keys(R);
-  const int64_t chunks = (keys + chunk - 1) / chunk;
-  const int64_t tasks = B * Hkv * chunks;
-  Buffer<float> part_max(to_size(tasks) * R, Buffer<float>::Uninitialized);
-  Buffer<double> part_sum(to_size(tasks) * R, Buffer<double>::Uninitialized);
-  Buffer<float> part_out(to_size(tasks) * R * dv, Buffer<float>::Uninitialized);
-  const bool masked = cpu_flash::has_masks(masks), causal = p.causal != Causal::none, dropout = p.dropout_p > 0.0;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const size_t Rb = std::min(R, kBlockRows), Bc = kBlockKeys;
+  explicit Plan(const Problem& p)
+      : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), G(p.group_size()), R(to_size(G * L)),
+        Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), N(decode::lanes()), stage_k(Dqk % N != 0),
+        stage_v(Dv % N != 0), dq(round_up(std::max<size_t>(Dqk, 1), N)), dv(round_up(std::max<size_t>(Dv, 1), N)),
+        chunk(chunk_keys(R)) {
+    // Chunks up to the last key any sequence's rows see; a chunk past a sequence's own range is a
+    // task that reads nothing.
+    int64_t keys = 0;
+    for (int64_t b = 0; b < B; ++b) keys = std::max(keys, p.visible_keys(b, 0, L).end);
+    chunks = (keys + chunk - 1) / chunk;
+    tasks = B * Hkv * chunks;
+  }
+  // (query head, query) of row r of kv head kv.
+  std::pair<int64_t, int64_t> row(int64_t kv, size_t r) const {
+    return {kv * G + static_cast<int64_t>(r) / L, static_cast<int64_t>(r) % L};
+  }
+};
 
-#pragma omp parallel
-  {
-    Buffer<float> k_block(stage_k ? Bc * dq : 0), v_block(stage_v ? Bc * dv : 0);  // zero padding stays zero
-    Buffer<float> q_scaled(R * dq), scores(Rb * Bc), bias(masked ? Rb * Bc : 0), factors(dropout ? Rb * Bc : 0);
-    Buffer<int64_t> visible(Rb);
-    Buffer<double> merged(Dv);
-    int64_t scaled_for = -1;  // the (b, kv head) whose queries q_scaled holds
+// Each task's partial per row: max m, sum l, unnormalised output o (R × dv).
+struct Partials {
+  Buffer<float> max;
+  Buffer<double> sum;
+  Buffer<float> out;
 
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bkv = task / chunks, b = bkv / Hkv, kv = bkv % Hkv;
-      if (bkv != scaled_for) {  // scale·q for the group's rows (the scale folded in once)
-        for (size_t r = 0; r < R; ++r) {
-          const float* q = a.query.row(b, kv * G + static_cast<int64_t>(r) / L, static_cast<int64_t>(r) % L);
-          for (size_t e = 0; e < Dqk; ++e) q_scaled[r * dq + e] = static_cast<float>(p.scale) * q[e];
-        }
-        scaled_for = bkv;
-      }
-      float* m = part_max.data() + to_size(task) * R;
-      double* l = part_sum.data() + to_size(task) * R;
-      float* o = part_out.data() + to_size(task) * R * dv;
-      std::fill(m, m + R, neg_inf);
-      std::fill(l, l + R, 0.0);
-      std::fill(o, o + R * dv, 0.0f);
+  explicit Partials(const Plan& n)
+      : max(to_size(n.tasks) * n.R, Buffer<float>::Uninitialized),
+        sum(to_size(n.tasks) * n.R, Buffer<double>::Uninitialized),
+        out(to_size(n.tasks) * n.R * n.dv, Buffer<float>::Uninitialized) {}
+};
 
-      const int64_t j_end = std::min(keys, (task % chunks + 1) * chunk);
-      for (int64_t j0 = (task % chunks) * chunk; j0 < j_end; j0 += static_cast<int64_t>(Bc)) {
-        const size_t cols = std::min<size_t>(Bc, to_size(j_end - j0));
-        // Each operand: its rows in place, or the staged copy (float, zero-padded to whole vectors).
-        auto operand = [&](const Rows<const Kv>& rows, bool staged, Buffer<float>& block, size_t D, size_t padded) {
-          if (staged)
-            for (size_t c = 0; c < cols; ++c)
-              convert(rows.row(b, kv, j0 + static_cast<int64_t>(c)), block.data() + c * padded, D);
-          return staged ? Operand{nullptr, block.data(), padded} : Operand{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
-        };
-        const Operand k = operand(a.key, stage_k, k_block, Dqk, dq), v = operand(a.value, stage_v, v_block, Dv, dv);
+// One thread's buffers.
+struct Scratch {
+  Buffer<float> k_block, v_block;  // staged blocks (zero padding stays zero)
+  Buffer<float> q_scaled, scores, bias, factors;
+  Buffer<int64_t> first, end;
+  Buffer<double> merged;
+  int64_t scaled_for = -1;  // the (b, kv head) whose queries q_scaled holds
 
-        for (size_t r0 = 0; r0 < R; r0 += Rb) {
-          const size_t rows = std::min(Rb, R - r0);
-          if (k.staged) {
-            decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.staged, k.stride, cols, dq, scores.data(), Bc);
-          } else {  // the first row block prefetches these keys' values (read in place, rows as long)
-            const bool prefetch_v = r0 == 0 && v.rows && dq == dv;
-            decode::qk_scores(q_scaled.data() + r0 * dq, dq, rows, k.rows, k.stride, cols, dq, scores.data(), Bc,
-                              prefetch_v ? v.rows : nullptr, v.stride);
-          }
-          cpu_flash::ScoreTile t{scores.data(), Bc, rows, cols};
-          // The additions, row by row (consecutive rows may belong to different query heads).
-          for (size_t r = 0; r < rows; ++r) {
-            const int64_t h = kv * G + static_cast<int64_t>(r0 + r) / L, i = static_cast<int64_t>(r0 + r) % L;
-            if (masked) cpu_flash::fill_mask_tile(masks, b, h, i, 1, j0, cols, bias.data() + r * Bc, Bc);
-            if (causal) visible[r] = p.causal_limit(i) - j0;
-            if (dropout) cpu_flash::fill_dropout_tile(p, b * Hq + h, i, 1, j0, cols, factors.data() + r * Bc, Bc);
-          }
-          if (masked) t.bias = bias.data();
-          if (causal) t.visible = visible.data();
-          if (dropout) t.dropout = factors.data();
-          cpu_flash::online_softmax_tile(t, m + r0, l + r0, o + r0 * dv, dv, Dv);
-          if (v.staged) {
-            decode::pv_accumulate(scores.data(), Bc, rows, v.staged, v.stride, cols, dv, o + r0 * dv, dv);
-          } else {
-            decode::pv_accumulate(scores.data(), Bc, rows, v.rows, v.stride, cols, dv, o + r0 * dv, dv);
-          }
-        }
-      }
+  Scratch(const Plan& n, bool masked, bool dropout)
+      : k_block(n.stage_k ? kBlockKeys * n.dq : 0), v_block(n.stage_v ? kBlockKeys * n.dv : 0),
+        q_scaled(n.R * n.dq), scores(std::min(n.R, kBlockRows) * kBlockKeys),
+        bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
+        factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
+        merged(n.Dv) {}
+};
+
+// A block of keys or values as the kernels read it: the cache's rows, or a staged float copy.
+template <class Kv>
+struct Operand {
+  const Kv* rows;
+  const float* staged;
+  size_t stride;
+};
+
+// Task (b, kv head, chunk): the online softmax of the group's R rows over the chunk's keys that
+// sequence b's rows see, left as the task's partials.
+template <class Kv>
+void decode_chunk(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a,
+                  const Plan& n, Partials& part, Scratch& s, int64_t task) {
+  const int64_t bkv = task / n.chunks, b = bkv / n.Hkv, kv = bkv % n.Hkv;
+  if (bkv != s.scaled_for) {  // scale·q for the group's rows (the scale folded in once)
+    for (size_t r = 0; r < n.R; ++r) {
+      const auto [h, i] = n.row(kv, r);
+      const float* q = a.query.row(b, h, i);
+      for (size_t e = 0; e < n.Dqk; ++e) s.q_scaled[r * n.dq + e] = static_cast<float>(p.scale) * q[e];
     }
+    s.scaled_for = bkv;
+  }
+  float* m = part.max.data() + to_size(task) * n.R;
+  double* l = part.sum.data() + to_size(task) * n.R;
+  float* o = part.out.data() + to_size(task) * n.R * n.dv;
+  std::fill(m, m + n.R, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + n.R, 0.0);
+  std::fill(o, o + n.R * n.dv, 0.0f);
 
-    // The merge, one row of one (b, kv head) at a time, chunks in order (see decode.h). A chunk
-    // whose keys the row cannot see left l = 0 and adds nothing; a row that saw nothing at all
-    // gets output 0 and logsumexp −inf; a NaN anywhere in a row's sums makes its row NaN.
-#pragma omp for schedule(static)
-    for (int64_t x = 0; x < B * Hkv * static_cast<int64_t>(R); ++x) {
-      const int64_t bkv = x / static_cast<int64_t>(R), b = bkv / Hkv, kv = bkv % Hkv;
-      const size_t r = to_size(x % static_cast<int64_t>(R));
-      const int64_t h = kv * G + static_cast<int64_t>(r) / L, i = static_cast<int64_t>(r) % L;
-      auto slot = [&](int64_t c) { return to_size(bkv * chunks + c) * R + r; };
-      float row_max = neg_inf;
-      for (int64_t c = 0; c < chunks; ++c)
-        if (part_sum[slot(c)] != 0.0) row_max = std::max(row_max, part_max[slot(c)]);
-      double total = 0.0;
-      for (int64_t c = 0; c < chunks; ++c)
-        if (part_sum[slot(c)] != 0.0) total += std::exp(static_cast<double>(part_max[slot(c)]) - row_max) * part_sum[slot(c)];
-      float* out = a.output.row(b, h, i);
-      double& lse = *a.logsumexp.row(b, h, i);
-      if (total == 0.0) {
-        std::fill(out, out + Dv, 0.0f);
-        lse = -std::numeric_limits<double>::infinity();
-        continue;
+  const KeyRange keys = p.visible_keys(b, 0, n.L);
+  const int64_t chunk0 = (task % n.chunks) * n.chunk;
+  const int64_t j_end = std::min(keys.end, chunk0 + n.chunk);
+  const size_t Rb = std::min(n.R, kBlockRows), Bc = kBlockKeys;
+  for (int64_t j0 = std::max(chunk0, tiles::key_walk_start(keys)); j0 < j_end; j0 += static_cast<int64_t>(Bc)) {
+    const size_t cols = std::min<size_t>(Bc, to_size(j_end - j0));
+    // Each operand: its rows in place, or the staged copy (float, zero-padded to whole vectors).
+    auto operand = [&](const Rows<const Kv>& rows, bool staged, Buffer<float>& block, size_t D, size_t padded) {
+      if (staged)
+        for (size_t c = 0; c < cols; ++c) convert(rows.row(b, kv, j0 + static_cast<int64_t>(c)), block.data() + c * padded, D);
+      return staged ? Operand<Kv>{nullptr, block.data(), padded}
+                    : Operand<Kv>{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
+    };
+    const Operand<Kv> k = operand(a.key, n.stage_k, s.k_block, n.Dqk, n.dq);
+    const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
+
+    for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
+      const size_t rows = std::min(Rb, n.R - r0);
+      if (k.staged) {
+        decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.staged, k.stride, cols, n.dq, s.scores.data(), Bc);
+      } else {  // the first row block prefetches these keys' values (read in place, rows as long)
+        const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
+        decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.rows, k.stride, cols, n.dq, s.scores.data(), Bc,
+                          prefetch_v ? v.rows : nullptr, v.stride);
       }
-      std::fill(merged.data(), merged.data() + Dv, 0.0);
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (part_sum[slot(c)] == 0.0) continue;
-        const double weight = std::exp(static_cast<double>(part_max[slot(c)]) - row_max) / total;
-        const float* partial = part_out.data() + slot(c) * dv;
-        for (size_t e = 0; e < Dv; ++e) merged[e] += weight * static_cast<double>(partial[e]);
+      // Consecutive rows may belong to different query heads.
+      const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
+                                       s.factors.size() ? s.factors.data() : nullptr, s.first.data(), s.end.data()};
+      const tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
+                                                  [&](size_t r) { return n.row(kv, r0 + r); });
+      tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
+      if (v.staged) {
+        decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
+      } else {
+        decode::pv_accumulate(s.scores.data(), Bc, rows, v.rows, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
       }
-      for (size_t e = 0; e < Dv; ++e) out[e] = static_cast<float>(merged[e]);
-      lse = static_cast<double>(row_max) + std::log(total);
     }
   }
 }
 
-template void decode_forward(const Problem&, const Masks<float>&, const ForwardArgs<float, float>&);
-template void decode_forward(const Problem&, const Masks<float>&, const ForwardArgs<float, bfloat16>&);
-template void decode_forward(const Problem&, const Masks<float>&, const ForwardArgs<float, float16>&);
+// The merge of row x (of B·Hkv·R), chunks in order (see decode.h). A chunk whose keys the row
+// cannot see left l = 0 and adds nothing; a row that saw nothing at all gets output 0 and
+// logsumexp −inf; a NaN anywhere in a row's sums makes its row NaN.
+template <class Kv>
+void merge_chunks(const ForwardArgs<float, Kv>& a, const Plan& n, const Partials& part, Scratch& s, int64_t x) {
+  const int64_t bkv = x / static_cast<int64_t>(n.R), b = bkv / n.Hkv, kv = bkv % n.Hkv;
+  const size_t r = to_size(x % static_cast<int64_t>(n.R));
+  const auto [h, i] = n.row(kv, r);
+  auto slot = [&](int64_t c) { return to_size(bkv * n.chunks + c) * n.R + r; };
+  float row_max = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < n.chunks; ++c)
+    if (part.sum[slot(c)] != 0.0) row_max = std::max(row_max, part.max[slot(c)]);
+  double total = 0.0;
+  for (int64_t c = 0; c < n.chunks; ++c)
+    if (part.sum[slot(c)] != 0.0) total += std::exp(static_cast<double>(part.max[slot(c)]) - row_max) * part.sum[slot(c)];
+  float* out = a.output.row(b, h, i);
+  double& lse = *a.logsumexp.row(b, h, i);
+  if (total == 0.0) {
+    std::fill(out, out + n.Dv, 0.0f);
+    lse = -std::numeric_limits<double>::infinity();
+    return;
+  }
+  std::fill(s.merged.data(), s.merged.data() + n.Dv, 0.0);
+  for (int64_t c = 0; c < n.chunks; ++c) {
+    if (part.sum[slot(c)] == 0.0) continue;
+    const double weight = std::exp(static_cast<double>(part.max[slot(c)]) - row_max) / total;
+    const float* partial = part.out.data() + slot(c) * n.dv;
+    for (size_t e = 0; e < n.Dv; ++e) s.merged[e] += weight * static_cast<double>(partial[e]);
+  }
+  for (size_t e = 0; e < n.Dv; ++e) out[e] = static_cast<float>(s.merged[e]);
+  lse = static_cast<double>(row_max) + std::log(total);
+}
+
+}  // namespace
+
+template <class Kv>
+void decode_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a) {
+  // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
+  // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
+  const Plan n(p);
+  Partials part(n);
+#pragma omp parallel
+  {
+    Scratch s(n, additions.present(), p.dropout());
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < n.tasks; ++task) decode_chunk(p, additions, a, n, part, s, task);
+#pragma omp for schedule(static)
+    for (int64_t x = 0; x < n.B * n.Hkv * static_cast<int64_t>(n.R); ++x) merge_chunks(a, n, part, s, x);
+  }
+}
+
+template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float>&);
+template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, bfloat16>&);
+template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float16>&);
 
 }  // namespace mha::attention::detail

@@ -20,6 +20,6 @@ namespace mha::attention::detail {
 
 // Kv: float, bfloat16 or float16 (mha/core/half.h).
 template <class Kv>
-void decode_forward(const Problem& p, const Masks<float>& masks, const ForwardArgs<float, Kv>& a);
+void decode_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a);
 
 }  // namespace mha::attention::detail

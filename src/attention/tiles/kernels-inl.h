@@ -1,17 +1,17 @@
-// Per-target SIMD code of the cpu_flash kernel: the matrix-product micro-kernel, the packers
-// and the row operations of the softmax. kernels.cpp includes this file once per Highway
-// target (foreach_target.h); kernels.h describes every function's contract.
+// Per-target SIMD code of the tile kernels: the row operations of the softmax, and dropout.
+// kernels.cpp includes this file once per Highway target (foreach_target.h); kernels.h describes
+// every function's contract.
 //
 // Each vector operation here has a scalar twin: the reference backend computes the same
 // quantities one element at a time, and the tests run this code for every compiled target
 // against it.
 
 // Per-target include guard (Highway's pattern: toggled once per target).
-#if defined(MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
-#undef MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
+#if defined(MHA_ATTENTION_TILES_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_ATTENTION_TILES_KERNELS_INL_H_
+#undef MHA_ATTENTION_TILES_KERNELS_INL_H_
 #else
-#define MHA_ATTENTION_CPU_FLASH_KERNELS_INL_H_
+#define MHA_ATTENTION_TILES_KERNELS_INL_H_
 #endif
 
 #include <algorithm>
@@ -21,13 +21,13 @@
 #include <limits>
 #include <utility>
 
-#include "attention/cpu_flash/kernels.h"
+#include "attention/tiles/kernels.h"
 #include "mha/core/random.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace mha::attention::detail::cpu_flash::HWY_NAMESPACE {
+namespace mha::attention::detail::tiles::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_HAVE_SCALABLE
@@ -78,21 +78,26 @@ HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
 }
 
 // The scores of columns [c0, c0 + N) of one row: q·k (already scaled) + bias, plus −inf in
-// the columns at or beyond `open` (hidden by causality, added as the reference adds it, so a
+// the columns outside [first, end) (hidden by the key range, added as the reference adds it, so a
 // NaN stays NaN), and exactly −inf in the lanes beyond `cols` (padding, which then weighs
 // nothing).
-HWY_INLINE VF EdgeScores(DF d, const float* s, const float* bias, size_t c0, size_t open, size_t cols) {
+HWY_INLINE VF EdgeScores(DF d, const float* s, const float* bias, size_t c0, size_t first, size_t end, size_t cols) {
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   VF x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
-  x = hn::IfThenElse(hn::FirstN(d, open > c0 ? open - c0 : 0), x, hn::Add(x, neg_inf));
+  const auto visible = hn::AndNot(hn::FirstN(d, first > c0 ? first - c0 : 0), hn::FirstN(d, end > c0 ? end - c0 : 0));
+  x = hn::IfThenElse(visible, x, hn::Add(x, neg_inf));
   return hn::IfThenElse(hn::FirstN(d, cols - c0), x, neg_inf);
 }
 
-// Columns [0, open) of row r are visible (open <= cols).
-HWY_INLINE size_t OpenColumns(const ScoreTile& t, size_t r) {
-  if (!t.visible) return t.cols;
-  const int64_t v = t.visible[r];
-  return v <= 0 ? 0 : std::min(static_cast<size_t>(v), t.cols);
+// Columns [first, end) of row r are visible (first <= end <= cols).
+struct Visible {
+  size_t first, end;
+};
+HWY_INLINE Visible VisibleColumns(const ScoreTile& t, size_t r) {
+  if (!t.first_visible) return {0, t.cols};
+  auto clamp = [&](int64_t c) { return static_cast<size_t>(std::clamp<int64_t>(c, 0, static_cast<int64_t>(t.cols))); };
+  const size_t end = clamp(t.end_visible[r]);
+  return {std::min(clamp(t.first_visible[r]), end), end};
 }
 
 // Row r of the tile with its additions applied (stored back where there are any) and its
@@ -102,27 +107,29 @@ HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
   const size_t N = hn::Lanes(d);
   float* s = t.scores + r * t.stride;
   const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
-  const size_t open = OpenColumns(t, r);
+  const Visible v = VisibleColumns(t, r);
   VF max0 = hn::Set(d, -std::numeric_limits<float>::infinity()), max1 = max0;
+  auto edge = [&](size_t c0) {
+    const VF x = EdgeScores(d, s, bias, c0, v.first, v.end, t.cols);
+    hn::StoreU(x, d, s + c0);
+    max0 = hn::Max(max0, x);
+  };
   size_t c0 = 0;
+  for (; c0 < v.first; c0 += N) edge(c0);  // vectors that reach below the first visible column
   if (bias) {
-    for (; c0 + N <= open; c0 += N) {
+    for (; c0 + N <= v.end; c0 += N) {
       const VF x = hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0));
       hn::StoreU(x, d, s + c0);
       max0 = hn::Max(max0, x);
     }
   } else {  // nothing to add: the tile already holds the scores
-    for (; c0 + 2 * N <= open; c0 += 2 * N) {
+    for (; c0 + 2 * N <= v.end; c0 += 2 * N) {
       max0 = hn::Max(max0, hn::LoadU(d, s + c0));
       max1 = hn::Max(max1, hn::LoadU(d, s + c0 + N));
     }
-    for (; c0 + N <= open; c0 += N) max0 = hn::Max(max0, hn::LoadU(d, s + c0));
+    for (; c0 + N <= v.end; c0 += N) max0 = hn::Max(max0, hn::LoadU(d, s + c0));
   }
-  for (; c0 < t.cols; c0 += N) {
-    const VF x = EdgeScores(d, s, bias, c0, open, t.cols);
-    hn::StoreU(x, d, s + c0);
-    max0 = hn::Max(max0, x);
-  }
+  for (; c0 < t.cols; c0 += N) edge(c0);
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(max0, max1)));
 }
 
@@ -198,15 +205,15 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
       continue;
     }
     const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
-    const size_t open = OpenColumns(t, r);
+    const Visible v = VisibleColumns(t, r);
     const VF hi = hn::Set(d, lse_hi[r]), lo = hn::Set(d, lse_lo[r]);
     VF dot = hn::Zero(d), mass = hn::Zero(d);
     for (size_t c0 = 0; c0 < padded; c0 += N) {
       VF x;
-      if (c0 + N <= open) {
+      if (c0 >= v.first && c0 + N <= v.end) {
         x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
       } else {
-        x = EdgeScores(d, s, bias, c0, open, t.cols);
+        x = EdgeScores(d, s, bias, c0, v.first, v.end, t.cols);
       }
       // (s − hi) is exact when s is within a factor 2 of hi (Sterbenz), which covers every
       // score that matters when |lse| is huge; lo then carries the part a float lse would lose.
@@ -333,7 +340,7 @@ void DropoutTile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, u
 #endif
 }
 
-}  // namespace mha::attention::detail::cpu_flash::HWY_NAMESPACE
+}  // namespace mha::attention::detail::tiles::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #endif  // per-target include guard

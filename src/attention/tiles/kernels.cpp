@@ -4,15 +4,15 @@
 // library in CMakeLists.txt): the micro-kernel keeps its accumulators in an array of vectors,
 // which the scalable-vector targets (SVE, RVV) left out there do not allow.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention/cpu_flash/kernels.cpp"
+#define HWY_TARGET_INCLUDE "attention/tiles/kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "attention/cpu_flash/kernels-inl.h"
+#include "attention/tiles/kernels-inl.h"
 
 #if HWY_ONCE
-#include "attention/cpu_flash/kernels.h"
+#include "attention/tiles/kernels.h"
 
-namespace mha::attention::detail::cpu_flash {
+namespace mha::attention::detail::tiles {
 
 HWY_EXPORT(OnlineSoftmaxTile);
 HWY_EXPORT(ProbabilitiesTile);
@@ -39,6 +39,6 @@ void dropout_tile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, 
   HWY_DYNAMIC_DISPATCH(DropoutTile)(seed, batch_head, i0, rows, j0, cols, p, kept, factor, stride);
 }
 
-}  // namespace mha::attention::detail::cpu_flash
+}  // namespace mha::attention::detail::tiles
 
 #endif  // HWY_ONCE

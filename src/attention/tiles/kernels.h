@@ -1,9 +1,10 @@
 #pragma once
-// The SIMD building blocks of the cpu_flash kernel, as forward.cpp and backward.cpp see them.
+// The SIMD building blocks of the fused backends (cpu_flash's forward and backward, decode's
+// softmax).
 // Each call goes through Highway's dynamic dispatch to the best target this CPU supports; the
 // per-target code is in kernels-inl.h.
 //
-// One matrix product (core's panel_gemm::gemm, mha/core/panel_gemm.h) serves all six products
+// One matrix product (core's panel_gemm::multiply, mha/core/panel_gemm.h) serves all six products
 // of attention (S = Q·Kᵀ, O += P·V, dP = dO·Vᵀ, dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS, dQ += dS·K); a
 // row-major tile is already in panel form, which is how P and dS enter as B without a copy.
 //
@@ -13,10 +14,10 @@
 
 #include "mha/core/panel_gemm.h"
 
-namespace mha::attention::detail::cpu_flash {
+namespace mha::attention::detail::tiles {
 
 // The matrix product and the packers are core's (mha/core/panel_gemm.h).
-using panel_gemm::gemm;
+using panel_gemm::multiply;
 using panel_gemm::MatrixA;
 using panel_gemm::MatrixC;
 using panel_gemm::pack_rows;
@@ -24,17 +25,20 @@ using panel_gemm::pack_transposed;
 using panel_gemm::panel_width;
 using panel_gemm::PanelsB;
 
-// The per-element additions to one tile of scores S[rows × cols] (row r is query i0 + r,
-// column c is key j0 + c), on top of q·k (the kernels' callers fold the scale into q):
+// The per-element additions to one tile of scores S[rows × cols] (row r is one query, column c
+// is key j0 + c), on top of q·k (the kernels' callers fold the scale into q); make_tile (tiles.h)
+// fills them:
 //   bias     the masks (additive values, −inf where attend_mask is false), or null;
-//   visible  per row, the number of leading columns causality leaves visible (the others get
-//            −inf added), or null when every column is visible;
+//   first_visible, end_visible
+//            per row, the columns [first, end) the query sees (the others get −inf added; values
+//            outside [0, cols] are clamped), or both null when every column is visible;
 //   dropout  the dropout factor of each probability (0 or 1/(1 − p)), or null when p = 0.
 struct ScoreTile {
   float* scores;  // in: scale·q·k; out: probabilities. Rows have room for cols rounded up to W.
   size_t stride, rows, cols;  // rows <= 256 (online_softmax_tile keeps per-row scratch on the stack)
   const float* bias = nullptr;
-  const int64_t* visible = nullptr;
+  const int64_t* first_visible = nullptr;
+  const int64_t* end_visible = nullptr;
   const float* dropout = nullptr;  // bias and dropout share `stride` with the scores
 };
 
@@ -72,7 +76,7 @@ void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows
 void dropout_tile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, uint32_t j0, size_t cols, double p,
                   float kept, float* factor, size_t stride);
 
-// (The list of targets and the pinning for tests are declared in cpu_flash.h, defined with the
-// dispatch tables in kernels.cpp.)
+// (The list of targets and the pinning for tests: mha/core/simd.h; the dispatch tables are in
+// kernels.cpp.)
 
-}  // namespace mha::attention::detail::cpu_flash
+}  // namespace mha::attention::detail::tiles

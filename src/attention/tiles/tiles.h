@@ -1,7 +1,9 @@
 #pragma once
-// What forward.cpp and backward.cpp share: block sizes, aligned scratch buffers, and the scalar
-// preparation of one score tile (mask additions, causal limits, dropout factors), all with the
-// reference's exact semantics (Masks::fill_row, dropout_keep).
+// The tile layer every fused backend shares (cpu_flash forward and backward, decode): aligned
+// scratch buffers, and make_tile, the one function that turns a tile of scale·q·k into a ScoreTile
+// carrying everything the problem adds to it (the masks, the visible key range as the tile's
+// edges, the dropout factors), with the reference's exact semantics (ScoreAdditions in problem.h,
+// dropout_keep). The SIMD kernels that consume a ScoreTile are in kernels.h.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -11,38 +13,12 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <utility>
 
 #include "../problem.h"
 #include "kernels.h"
 
-namespace mha::attention::detail::cpu_flash {
-
-// Block sizes. Key blocks are multiples of 64, so of every target's panel width; query
-// blocks are multiples of the micro-kernel's 6 rows (no ragged row strip but the last).
-//   forward:  a task is kForwardQueries query rows, which walk the keys kForwardKeys at a time;
-//             the score tile (96 × 256 floats, 96 KiB) and the output accumulator live in L2.
-//   backward: blocks of kBackwardQueries rows, walking the keys kBackwardKeys at a time.
-// Measured on the 2-core AVX-512 machine (B=4, H=8, L=S=2048, d=64, 2 threads): over Br in
-// {64, 72, 96, 120} × Bc in {192, 256, 384, 512} the forward moved by less than the machine's
-// run-to-run noise (~5%) except 64-row blocks (a ragged 4-row strip: ~3% slower); the backward
-// likewise over Br in {48, 64, 96, 128, 192} × Bc in {128, 256} (d = 128 leans to Br = 192,
-// which doubles the per-thread row blocks).
-constexpr size_t kForwardQueries = 96;
-constexpr size_t kForwardKeys = 256;
-constexpr size_t kBackwardQueries = 96;
-constexpr size_t kBackwardKeys = 256;
-static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
-
-// Long key sequences (more than kLongKeys keys) change how the kernels hold a kv head, so that the
-// extra memory stays a few tens of MiB whatever S (the bound: under 64 MiB at
-// L = S = 65536, d = 64), at a small cost in speed:
-//   forward:  one packed copy of the kv head shared by all threads (instead of one per thread);
-//   backward: the keys in segments of kBackwardKeySegment, D from a first sweep (see backward.cpp).
-// The choice depends on the shape only, so results stay bitwise the same for any thread count.
-constexpr int64_t kLongKeys = 16384;
-constexpr size_t kBackwardKeySegment = 4096;
-static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
-static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
+namespace mha::attention::detail::tiles {
 
 inline size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 inline size_t to_size(int64_t x) { return static_cast<size_t>(x); }
@@ -74,59 +50,56 @@ class Buffer {
   size_t count_ = 0;
 };
 
-// Query i sees keys [0, causal_limit(i)) (Problem); the limit grows with i, so a block of
-// queries [i0, i1) × keys [j0, j1) needs no causal additions when causal_limit(i0) >= j1, and
-// no row of it sees a key at or beyond causal_limit(i1 − 1).
-inline bool causal_block_open(const Problem& p, int64_t i0, int64_t j1) {
-  return p.causal == Causal::none || p.causal_limit(i0) >= j1;
-}
-// Per-row visible column counts of the tile (queries i0.., keys j0..j0 + cols).
-inline void fill_visible(const Problem& p, int64_t i0, size_t rows, int64_t j0, int64_t* visible) {
-  for (size_t r = 0; r < rows; ++r) visible[r] = p.causal_limit(i0 + static_cast<int64_t>(r)) - j0;
-}
+// Key walks start on a multiple of kKeyAlign (a multiple of every target's panel width), so that a
+// walk that skips keys nobody in the block sees still starts on a panel of the packed keys.
+constexpr int64_t kKeyAlign = 64;
+inline int64_t key_walk_start(const KeyRange& keys) { return keys.begin / kKeyAlign * kKeyAlign; }
 
-// bias[r][c] = additive_mask(b, h, i0 + r, j0 + c), plus −inf where attend_mask is false:
-// Masks::fill_row without the causal part (which the kernels add from `visible`).
-inline void fill_mask_tile(const Masks<float>& masks, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t j0,
-                           size_t cols, float* bias, size_t stride) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+// Where make_tile writes a tile's additions: bias and dropout rows share the scores' stride (null
+// when the problem has no masks, no dropout); first and end hold one entry per row.
+struct TileScratch {
+  float* bias = nullptr;
+  float* dropout = nullptr;
+  int64_t* first = nullptr;
+  int64_t* end = nullptr;
+};
+
+// The tile of keys [j0, j0 + cols) for `rows` query rows of batch b, row r being query i of head h
+// with (h, i) = row_of(r), whose `scores` (row stride `stride`) hold scale·q·k: a ScoreTile with
+//   bias     ScoreAdditions' masks part at (b, h, i, j), when there are masks;
+//   edges    each row's visible key range (Problem::visible_keys) as columns [first, end), when
+//            some row does not see the whole tile;
+//   dropout  each probability's factor, 0 or 1/(1 − p), at the whole call's positions.
+// cpu_flash's rows are consecutive queries of one head; decode's run through a GQA group's heads.
+template <class RowOf>
+ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, const TileScratch& scratch,
+                    float* scores, size_t stride, int64_t b, size_t rows, int64_t j0, size_t cols, RowOf row_of) {
+  ScoreTile t{scores, stride, rows, cols};
+  const int64_t j1 = j0 + static_cast<int64_t>(cols);
+  const float kept = static_cast<float>(p.dropout_scale());
+  bool edges = false;
   for (size_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + static_cast<int64_t>(r);
-    const float* add = masks.additive.present() ? masks.additive.row(b, h, i) : nullptr;
-    const bool* keep = masks.attend.present() ? masks.attend.row(b, h, i) : nullptr;
-    float* out = bias + r * stride;
-    for (size_t c = 0; c < cols; ++c) {
-      const int64_t j = j0 + static_cast<int64_t>(c);
-      float v = add ? add[j * masks.additive.stride_j] : 0.0f;
-      if (keep && !keep[j * masks.attend.stride_j]) v += neg_inf;
-      out[c] = v;
+    const auto [h, i] = row_of(r);
+    if (scratch.bias) {
+      const auto masks = additions.row(b, h, i);
+      float* bias = scratch.bias + r * stride;
+      for (size_t c = 0; c < cols; ++c) bias[c] = masks(j0 + static_cast<int64_t>(c));
     }
+    const KeyRange visible = p.visible_keys(b, i);
+    scratch.first[r] = visible.begin - j0;
+    scratch.end[r] = visible.end - j0;
+    edges = edges || visible.begin > j0 || visible.end < j1;
+    if (scratch.dropout)
+      dropout_tile(p.settings.dropout_seed, p.dropout_stream(b * p.query_heads + h), p.dropout_row(i), 1,
+                   p.dropout_column(j0), cols, p.settings.dropout_p, kept, scratch.dropout + r * stride, stride);
   }
+  t.bias = scratch.bias;
+  t.dropout = scratch.dropout;
+  if (edges) {
+    t.first_visible = scratch.first;
+    t.end_visible = scratch.end;
+  }
+  return t;
 }
 
-// factor[r][c] = dropout factor of probability (b·Hq + h, i0 + r, j0 + c): 0 or 1/(1 − p), at
-// the whole call's positions (Problem::dropout_stream).
-inline void fill_dropout_tile(const Problem& p, int64_t batch_head, int64_t i0, size_t rows, int64_t j0, size_t cols,
-                              float* factor, size_t stride) {
-  dropout_tile(p.dropout_seed, p.dropout_stream(batch_head), p.dropout_row(i0), rows, p.dropout_column(j0), cols, p.dropout_p, static_cast<float>(p.dropout_scale()), factor, stride);
-}
-
-// logsumexp (double) as hi + lo, two floats: hi = float(lse), lo = float(lse − hi), so that the
-// kernels compute s − lse as (s − hi) − lo in float without losing lse's fraction when |lse| is
-// huge. A fully masked row (lse = −inf) gets hi = +inf, lo = 0: the kernels' mark for P = 0.
-inline void split_logsumexp(double lse, float& hi, float& lo) {
-  const bool masked_row = lse == -std::numeric_limits<double>::infinity();
-  hi = masked_row ? std::numeric_limits<float>::infinity() : static_cast<float>(lse);
-  lo = masked_row ? 0.0f : static_cast<float>(lse - static_cast<double>(hi));
-}
-
-// Whether P = exp(s − logsumexp) can be trusted as it is. logsumexp = m + log l is a double,
-// rounded by up to |lse|·2⁻⁵³; past |lse| = 2²⁹ that rounding is coarser than float's 2⁻²⁴ in P,
-// and past about 1e17 log l is lost altogether (a fill of −FLT_MAX, torch.finfo(float32).min,
-// over a whole row: every P comes out 1 instead of 1/l). Such rows are divided by their own sum
-// of P (backward.cpp), which is exp(lse_true − lse) and undoes the error whatever it is.
-inline bool logsumexp_needs_renormalizing(double lse) { return std::abs(lse) >= 0x1p29 && std::isfinite(lse); }
-
-inline bool has_masks(const Masks<float>& masks) { return masks.additive.present() || masks.attend.present(); }
-
-}  // namespace mha::attention::detail::cpu_flash
+}  // namespace mha::attention::detail::tiles

@@ -1,0 +1,57 @@
+#pragma once
+// cpu_flash's block sizes and the logsumexp helpers its forward and backward share.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "../tiles/tiles.h"
+
+namespace mha::attention::detail::cpu_flash {
+
+using namespace tiles;
+
+// Block sizes. Key blocks are multiples of 64, so of every target's panel width; query
+// blocks are multiples of the micro-kernel's 6 rows (no ragged row strip but the last).
+//   forward:  a task is kForwardQueries query rows, which walk the keys kForwardKeys at a time;
+//             the score tile (96 × 256 floats, 96 KiB) and the output accumulator live in L2.
+//   backward: blocks of kBackwardQueries rows, walking the keys kBackwardKeys at a time.
+// Measured on the 2-core AVX-512 machine (B=4, H=8, L=S=2048, d=64, 2 threads): over Br in
+// {64, 72, 96, 120} × Bc in {192, 256, 384, 512} the forward moved by less than the machine's
+// run-to-run noise (~5%) except 64-row blocks (a ragged 4-row strip: ~3% slower); the backward
+// likewise over Br in {48, 64, 96, 128, 192} × Bc in {128, 256} (d = 128 leans to Br = 192,
+// which doubles the per-thread row blocks).
+constexpr size_t kForwardQueries = 96;
+constexpr size_t kForwardKeys = 256;
+constexpr size_t kBackwardQueries = 96;
+constexpr size_t kBackwardKeys = 256;
+static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
+
+// Long key sequences (more than kLongKeys keys) change how the kernels hold a kv head, so that the
+// extra memory stays a few tens of MiB whatever S (the bound: under 64 MiB at
+// L = S = 65536, d = 64), at a small cost in speed:
+//   forward:  one packed copy of the kv head shared by all threads (instead of one per thread);
+//   backward: the keys in segments of kBackwardKeySegment, D from a first sweep (see backward.cpp).
+// The choice depends on the shape only, so results stay bitwise the same for any thread count.
+constexpr int64_t kLongKeys = 16384;
+constexpr size_t kBackwardKeySegment = 4096;
+static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
+static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
+
+// logsumexp (double) as hi + lo, two floats: hi = float(lse), lo = float(lse − hi), so that the
+// kernels compute s − lse as (s − hi) − lo in float without losing lse's fraction when |lse| is
+// huge. A fully masked row (lse = −inf) gets hi = +inf, lo = 0: the kernels' mark for P = 0.
+inline void split_logsumexp(double lse, float& hi, float& lo) {
+  const bool masked_row = lse == -std::numeric_limits<double>::infinity();
+  hi = masked_row ? std::numeric_limits<float>::infinity() : static_cast<float>(lse);
+  lo = masked_row ? 0.0f : static_cast<float>(lse - static_cast<double>(hi));
+}
+
+// Whether P = exp(s − logsumexp) can be trusted as it is. logsumexp = m + log l is a double,
+// rounded by up to |lse|·2⁻⁵³; past |lse| = 2²⁹ that rounding is coarser than float's 2⁻²⁴ in P,
+// and past about 1e17 log l is lost altogether (a fill of −FLT_MAX, torch.finfo(float32).min,
+// over a whole row: every P comes out 1 instead of 1/l). Such rows are divided by their own sum
+// of P (backward.cpp), which is exp(lse_true − lse) and undoes the error whatever it is.
+inline bool logsumexp_needs_renormalizing(double lse) { return std::abs(lse) >= 0x1p29 && std::isfinite(lse); }
+
+}  // namespace mha::attention::detail::cpu_flash
