@@ -126,6 +126,8 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   check(std::isfinite(s.dropout_p) && s.dropout_p >= 0.0 && s.dropout_p <= 1.0,
         "dropout_p: expected a probability in [0, 1], got ", s.dropout_p);
   s.whole_call = whole_call(s.whole_call, p);
+  check(s.window_left >= -1, "window_left: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_left);
+  check(s.window_right >= -1, "window_right: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_right);
   if (s.scale) {
     check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
     p.scale = *s.scale;

@@ -1,4 +1,5 @@
-// attention::visible_keys (options.h): the one definition of which keys a query sees. Problem
+// attention::visible_keys (options.h): the one definition of which keys a query sees (causal
+// alignment, sliding window, per-sequence lengths through its arguments). Problem
 // (problem.h) calls it for every row and block of a call, the backends walk the range it gives,
 // the tiles mask the edges of it, and the context-parallel schemes skip the blocks it hides.
 #include <algorithm>
@@ -11,12 +12,17 @@ KeyRange visible_keys(const Scoring& s, int64_t query_len, int64_t key_len, int6
   // Queries past the sequence's length are padding: they see nothing.
   end_query = std::min(end_query, query_len);
   if (first_query >= end_query || key_len <= 0) return {0, 0};
-  // Ranges grow with the query: the union ends where the last query's range ends.
-  const int64_t last = end_query - 1;
-  int64_t end = key_len;
-  if (s.causal == Causal::top_left) end = last + 1;
-  if (s.causal == Causal::bottom_right) end = last + 1 + (key_len - query_len);
-  return {0, std::clamp<int64_t>(end, 0, key_len)};
+  // Query i's own key is i + diagonal: top-left causality's, else the bottom-right alignment.
+  const int64_t diagonal = s.causal == Causal::top_left ? 0 : key_len - query_len;
+  // A window wider than the whole call is no window (and keeps the sums below in range).
+  auto side = [&](int64_t w) { return w < 0 ? -1 : std::min(w, query_len + key_len); };
+  // Causality is a right side of 0, whatever the window's.
+  const int64_t left = side(s.window_left), right = s.causal != Causal::none ? 0 : side(s.window_right);
+  const int64_t first = first_query + diagonal, last = end_query - 1 + diagonal;
+  const int64_t begin = left < 0 ? 0 : first - left;
+  const int64_t end = right < 0 ? key_len : last + right + 1;
+  const int64_t b = std::clamp<int64_t>(begin, 0, key_len), e = std::clamp<int64_t>(end, 0, key_len);
+  return {b, std::max(b, e)};
 }
 
 }  // namespace mha::attention

@@ -246,8 +246,8 @@ Results<T> run(const Case& c, const Inputs& in, Backend backend) {
   return {std::move(fwd), std::move(grads)};
 }
 
-// The sweeps' variety: masks (none to both), causality, GQA heads, dropout and scale cycle with the
-// case number, so that each appears with short, ragged and long sequences.
+// The sweeps' variety: masks (none to both), causality, GQA heads, dropout, scale and sliding
+// windows cycle with the case number, so that each appears with short, ragged and long sequences.
 inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int64_t>* heads, int head_choices) {
   c.batch = 1 + case_number % 2;
   std::tie(c.q_heads, c.kv_heads) = heads[case_number % head_choices];
@@ -256,6 +256,13 @@ inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int6
   if (case_number % 5 == 2) c.scoring.dropout_p = 0.2;
   if (case_number % 7 == 3) c.scoring.scale = 0.3;
   if (case_number % 7 == 6) c.scoring.scale = -0.5;
+  // Sliding windows: one-sided, two-sided (the right side counts without causality), one key.
+  if (case_number % 11 == 4) c.scoring.window_left = 37;
+  if (case_number % 11 == 7) {
+    c.scoring.window_left = 300;
+    c.scoring.window_right = 5;
+  }
+  if (case_number % 11 == 9) c.scoring.window_left = c.scoring.window_right = 0;
 }
 
 // A contiguous copy of a view (any strides).

@@ -72,6 +72,13 @@ struct Scoring {
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
   WholeCall whole_call;
+  // Sliding window (FlashAttention-2's window_size): query i sees key j only when
+  // i + diagonal − window_left <= j <= i + diagonal + window_right, −1 = unbounded on that side.
+  // The diagonal is the causal alignment's: 0 for top_left, S − L for bottom_right and for no
+  // causality (FlashAttention's). Causality is window_right = 0 on top of the window. Hugging
+  // Face's sliding_window = W is (W − 1, 0) with causality. A row's keys outside the window cost
+  // nothing: the backends walk only the keys a block of queries sees.
+  int64_t window_left = -1, window_right = -1;
 
   bool operator==(const Scoring&) const = default;
   // Every field, in order, as (name, member pointer): the one list that the argument checks
@@ -84,6 +91,8 @@ struct Scoring {
     v("dropout_p", &Scoring::dropout_p);
     v("dropout_seed", &Scoring::dropout_seed);
     v("whole_call", &Scoring::whole_call);
+    v("window_left", &Scoring::window_left);
+    v("window_right", &Scoring::window_right);
   }
 };
 
@@ -119,8 +128,9 @@ struct KeyRange {
 
 // The one definition of which keys a query sees (the masks aside): the union of the ranges of
 // queries [first_query, end_query) of a sequence of query_len queries and key_len keys, by the
-// causal alignment (the ranges grow with the query, so the union is the first query's begin to the
-// last one's end). Positions are the whole call's. Every backend's key walk, the tiles' edges and
+// causal alignment and the window (each query's range is its predecessor's shifted by one key, so
+// the union runs from the first query's begin to the last one's end). Positions are the whole
+// call's; queries at or past query_len (padding) see nothing. Every backend's key walk, the tiles' edges and
 // the context-parallel schemes' skipping of hidden blocks ask this function.
 KeyRange visible_keys(const Scoring& s, int64_t query_len, int64_t key_len, int64_t first_query, int64_t end_query);
 
