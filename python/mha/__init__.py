@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, dropout_seed=None, return_logsumexp=False):
+                                 enable_gqa=False, *, dropout_seed=None, return_logsumexp=False,
+                                 window_size=(-1, -1)):
     """softmax(query · keyᵀ · scale + mask) · value, as torch.nn.functional.scaled_dot_product_attention.
 
     query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): rank 2 or more, leading
@@ -36,17 +37,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     alone, so backward given the same seed drops the same ones.
     return_logsumexp: also return the float64 log-sum-exp of each score row, (..., Hq, L), which
     scaled_dot_product_attention_backward can take instead of recomputing it.
+    window_size: (left, right), FlashAttention-2's sliding window: query i sees key j when
+    i + d - left <= j <= i + d + right, -1 = unbounded on that side; d = 0 with is_causal, S - L
+    without (FlashAttention's diagonal). Hugging Face's sliding_window = W is (W - 1, 0) with
+    is_causal. The keys outside a row's window cost nothing.
 
     Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
     """
     output, logsumexp = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
-                                      enable_gqa, dropout_seed, _core.get_num_threads())
+                                      enable_gqa, dropout_seed, _core.get_num_threads(), window_size)
     return (output, logsumexp) if return_logsumexp else output
 
 
 def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *, dropout_seed=None,
-                                          output=None, logsumexp=None):
+                                          output=None, logsumexp=None, window_size=(-1, -1)):
     """Gradients (grad_query, grad_key, grad_value) of sum(output · grad_output), each of its
     input's shape (summed over what was broadcast).
 
@@ -56,7 +61,7 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_m
     be the forward's.
     """
     return _core.backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p,
-                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads())
+                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(), window_size)
 
 
 def _causal(is_causal):

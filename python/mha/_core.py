@@ -225,6 +225,15 @@ def check_inputs(query, key, value):
     return query, key, value
 
 
+def check_window(window_size):
+    """(left, right) as two ints, each -1 (unbounded) or >= 0."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < -1 for w in window_size)):
+        raise ArgumentError(f"window_size: expected (left, right), each -1 (unbounded) or a number of keys >= 0, "
+                            f"got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
 def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
     """Validates the options shared by forward and backward; returns the mask as an array."""
     if causal not in CAUSAL:
@@ -265,13 +274,14 @@ def _masks(layout, attn_mask):
     return (mask, None) if mask.dtype == np.bool_ else (None, mask)
 
 
-def _scoring(causal, scale, dropout_p, dropout_seed):
+def _scoring(causal, scale, dropout_p, dropout_seed, window_size):
     """The call's settings as the binding takes them: one _mha.Scoring (mha::attention::Scoring)."""
     scoring = _mha.Scoring()
     scoring.causal = getattr(_mha.Causal, causal)
     scoring.scale = scale
     scoring.dropout_p = float(dropout_p)
     scoring.dropout_seed = int(dropout_seed or 0)
+    scoring.window_left, scoring.window_right = check_window(window_size)
     return scoring
 
 
@@ -284,10 +294,12 @@ def _call(fn, *arguments):
         raise ArgumentError(str(e)) from None
 
 
-def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads):
+def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
+            window_size=(-1, -1)):
     """(output, logsumexp) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L) float64."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
+    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     attend, additive = _masks(layout, attn_mask)
     output = np.empty(layout.output_shape(), query.dtype)
@@ -295,8 +307,7 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_mha.sdpa_forward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
           _to_flat(layout, "value", value), output.reshape(B, H, L, layout.value_dim),
-          logsumexp.reshape(B, H, L), attend, additive, _scoring(causal, scale, dropout_p, dropout_seed),
-          num_threads)
+          logsumexp.reshape(B, H, L), attend, additive, scoring, num_threads)
     return output, logsumexp
 
 
@@ -309,18 +320,19 @@ def _check_like(name, x, shape, dtype):
 
 
 def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-             dropout_seed, num_threads):
+             dropout_seed, num_threads, window_size=(-1, -1)):
     """(grad_query, grad_key, grad_value), each of its input's shape. output and logsumexp are
     the forward's; None for both recomputes them."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
+    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     if (output is None) != (logsumexp is None):
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")
     if output is None:
         output, logsumexp = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
-                                    dropout_seed, num_threads)
+                                    dropout_seed, num_threads, window_size)
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
@@ -332,6 +344,6 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
           viewable(logsumexp).reshape(B, H, L),
           viewable(grad_output).reshape(B, H, L, layout.value_dim),
           grads["query"], grads["key"], grads["value"],
-          attend, additive, _scoring(causal, scale, dropout_p, dropout_seed), num_threads)
+          attend, additive, scoring, num_threads)
     return tuple(_fold_gradient(layout, name, grads[name], x.shape)
                  for name, x in (("query", query), ("key", key), ("value", value)))

@@ -48,13 +48,15 @@ def _seed(dropout_seed):
 
 
 def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-                  causal: str, scale: Optional[float], enable_gqa: bool,
-                  dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                  causal: str, scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor],
+                  window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
     """(output, logsumexp): output (..., Hq, L, Ev) and the float64 log-sum-exp of each score
     row (..., Hq, L). causal is "none", "top_left" (torch's is_causal) or "bottom_right";
-    dropout_seed an int64 scalar tensor (None without dropout)."""
+    dropout_seed an int64 scalar tensor (None without dropout); the window as in
+    mha.scaled_dot_product_attention."""
     output, logsumexp = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
-                                      causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads())
+                                      causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
+                                      (window_left, window_right))
     return torch.from_numpy(output), torch.from_numpy(logsumexp)
 
 
@@ -62,7 +64,8 @@ sdpa_forward = torch.library.custom_op("mha::sdpa_forward", _sdpa_forward, mutat
 
 
 @sdpa_forward.register_fake
-def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed):
+def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, window_left=-1,
+      window_right=-1):
     layout = _core.Layout(query.shape, key.shape, value.shape, enable_gqa)
     return query.new_empty(layout.output_shape()), query.new_empty(layout.logsumexp_shape(), dtype=torch.float64)
 
@@ -70,36 +73,37 @@ def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropou
 @torch.library.custom_op("mha::sdpa_backward", mutates_args=(), device_types="cpu")
 def sdpa_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor, output: Tensor,
                   logsumexp: Tensor, attn_mask: Optional[Tensor], dropout_p: float, causal: str,
-                  scale: Optional[float], enable_gqa: bool,
-                  dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+                  scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor], window_left: int = -1,
+                  window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_query, grad_key, grad_value), given sdpa_forward's arguments and results."""
     grads = _core.backward(_numpy(grad_output), _numpy(query), _numpy(key), _numpy(value), _numpy(output),
                            _numpy(logsumexp), _numpy(attn_mask), dropout_p, causal, scale, enable_gqa,
-                           _seed(dropout_seed), torch.get_num_threads())
+                           _seed(dropout_seed), torch.get_num_threads(), (window_left, window_right))
     return tuple(torch.from_numpy(g) for g in grads)
 
 
 @sdpa_backward.register_fake
 def _(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-      dropout_seed):
+      dropout_seed, window_left=-1, window_right=-1):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed = inputs
+    query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *window = inputs
     out, logsumexp = output
     ctx.mark_non_differentiable(logsumexp)
     ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp, dropout_seed)
     ctx.options = (dropout_p, causal, scale, enable_gqa)
+    ctx.window = window
 
 
 def _backward(ctx, grad_output, _grad_logsumexp):
     query, key, value, attn_mask, out, logsumexp, dropout_seed = ctx.saved_tensors
     dropout_p, causal, scale, enable_gqa = ctx.options
     grads = torch.ops.mha.sdpa_backward(grad_output, query, key, value, out, logsumexp, attn_mask, dropout_p,
-                                        causal, scale, enable_gqa, dropout_seed)
+                                        causal, scale, enable_gqa, dropout_seed, *ctx.window)
     # No gradient for the mask (a mask that needs one goes to PyTorch), the options or the seed.
-    return (*grads, None, None, None, None, None, None)
+    return (*grads, None, None, None, None, None, None, None, None)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -134,6 +138,28 @@ def _unsupported(query, key, value, attn_mask):
     return None
 
 
+def _window_mask(query, key, attn_mask, causal, window):
+    """The bool (L, S) mask (True = may attend) of a window and its causality, from its definition
+    (mha.scaled_dot_product_attention), ANDed with a bool attn_mask or -inf where a float one is
+    added: for PyTorch's SDPA, which has no window."""
+    L, S = query.shape[-2], key.shape[-2]
+    diagonal = 0 if causal == "top_left" else S - L
+    i = torch.arange(L, device=query.device).unsqueeze(-1) + diagonal
+    j = torch.arange(S, device=query.device)
+    see = torch.ones(L, S, dtype=torch.bool, device=query.device)
+    if window[0] >= 0:
+        see &= j >= i - window[0]
+    if window[1] >= 0:
+        see &= j <= i + window[1]
+    if causal != "none":
+        see &= j <= i
+    if attn_mask is None or isinstance(attn_mask, CausalBias):  # a CausalBias is in `causal`
+        return see
+    if attn_mask.dtype == torch.bool:
+        return see & attn_mask
+    return attn_mask.masked_fill(~see, float("-inf"))
+
+
 _warned = set()
 
 
@@ -145,9 +171,12 @@ def _fall_back(reason, what="scaled_dot_product_attention"):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, *, window_size=(-1, -1)):
     """torch.nn.functional.scaled_dot_product_attention, computed by mha: same arguments, same
     shapes, same results up to rounding (bitwise the same for any thread count).
+
+    window_size (mha's own, keyword-only): (left, right), a sliding window as in
+    mha.scaled_dot_product_attention (FlashAttention-2's); keys outside it cost nothing.
 
     attn_mask may be a torch.nn.attention.bias.CausalBias: upper-left is is_causal, lower-right
     is mha's bottom-right causal mask. With dropout_p > 0 the seed is drawn from torch's default
@@ -161,9 +190,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError("CausalBias should not be used with causal=True")  # PyTorch's own check
         lower_right = attn_mask.variant == CausalVariant.LOWER_RIGHT and attn_mask.seq_len_q != attn_mask.seq_len_kv
         causal, mask = ("bottom_right" if lower_right else "top_left"), None
+    window = _core.check_window(window_size)
     reason = _unsupported(query, key, value, mask)
     if reason is not None:
         _fall_back(reason)
+        if window != (-1, -1):  # PyTorch has no window: the same keys as a dense bool mask
+            attn_mask, is_causal = _window_mask(query, key, attn_mask, causal, window), False
         if isinstance(attn_mask, CausalBias) and torch.nn.functional.scaled_dot_product_attention is not _torch_sdpa:
             # Inside patch(), a CausalBias passed on as is would reach PyTorch's kernel as a plain
             # tensor of meaningless values: its __torch_function__ recognises
@@ -180,7 +212,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # Drawn from the default generator only when used, so that without dropout the random
     # stream is left as PyTorch's SDPA leaves it.
     seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
-    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed)
+    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed, *window)
     # The operator when autograd or torch.compile needs it; otherwise its body, directly: the
     # dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
     needs_op = torch.compiler.is_compiling() or (
