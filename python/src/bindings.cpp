@@ -276,7 +276,7 @@ nb::tuple multihead_attention_backward(
     saved.v = view<const T>(v);
     saved.logsumexp = view<const double>(logsumexp);
     saved.merged = view<const T>(merged);
-    saved.core = masks.core_options(dropout_p, dropout_seed);
+    saved.core = masks.core_options(mha::nn::module_scoring(options, dropout_p, dropout_seed));
     out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output),
                                                    saved, grad_views);
   }

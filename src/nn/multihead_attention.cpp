@@ -136,14 +136,22 @@ auto data_or_null(const V& x, int64_t offset = 0) -> decltype(x.data()) {
 
 }  // namespace
 
+attention::Scoring module_scoring(const MultiheadAttentionOptions& options, double dropout_p, uint64_t dropout_seed) {
+  attention::Scoring s;
+  s.dropout_p = dropout_p;
+  s.dropout_seed = dropout_p > 0.0 ? dropout_seed : 0;
+  s.window_left = options.window_left;
+  s.window_right = options.window_right;
+  return s;
+}
+
 template <class T>
-attention::Options<T> MultiheadAttentionMasks<T>::core_options(double dropout_p, uint64_t dropout_seed) const {
+attention::Options<T> MultiheadAttentionMasks<T>::core_options(const attention::Scoring& scoring) const {
   attention::Options<T> opt;
+  static_cast<attention::Scoring&>(opt) = scoring;
   if (attend_mask) opt.attend_mask = *attend_mask;
   if (additive_mask) opt.additive_mask = *additive_mask;
   opt.causal = causal;
-  opt.dropout_p = dropout_p;
-  opt.dropout_seed = dropout_p > 0.0 ? dropout_seed : 0;
   return opt;
 }
 
@@ -290,8 +298,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
   // 6–8. Split heads, attention, merge heads: the core reads the projections as (N, H, L, hd)
   // views and writes its output straight into the merged (N, L, E) layout, so neither the split
   // nor the merge copies anything; with need_weights also the weights (N, H, L, S').
-  const double dropout_p = training ? options.dropout : 0.0;
-  attention::Options<T> opt = masks.core_options(dropout_p, dropout_seed);
+  attention::Options<T> opt = masks.core_options(module_scoring(options, training ? options.dropout : 0.0, dropout_seed));
   opt.backend = backend;
   opt.need_weights = args.need_weights;
   auto merged = Tensor<T>::uninitialized({n, len, e});  // sdpa_forward_into writes it in full
@@ -330,8 +337,7 @@ MultiheadAttentionOutput<T> multihead_attention_forward(const MultiheadAttention
     cache->logsumexp = std::move(logsumexp);
     cache->merged = std::move(merged);
     cache->masks = std::move(masks);
-    cache->dropout_p = opt.dropout_p;
-    cache->dropout_seed = opt.dropout_seed;
+    cache->scoring = opt;
   }
   return result;
 }
@@ -366,7 +372,7 @@ Tensor<T> MultiheadAttention<T>::forward_cached(const Tensor<T>& x, KVCache<Kv>&
   };
   cache.append(part(1), part(2), counts);
   Tensor<T> merged({n, len, e});
-  attend_into(cache, part(0), heads_view(merged, heads));
+  attend_into(cache, part(0), heads_view(merged, heads), module_scoring(options_, 0.0, 0));
   Tensor<T> out = linear_forward<T>(View<const T>(merged), {w.out_proj_weight.data(), e, e},
                                     data_or_null(w.out_proj_bias), "MultiheadAttention: out_proj");
   return to_caller_layout(std::move(out), unbatched, o.batch_first);
@@ -489,7 +495,7 @@ MultiheadAttentionSaved<T> MultiheadAttentionCache<T>::saved() const {
   s.v = view_of(v);
   s.logsumexp = view_of(logsumexp);
   s.merged = view_of(merged);
-  s.core = masks.core_options(dropout_p, dropout_seed);
+  s.core = masks.core_options(scoring);
   return s;
 }
 

@@ -17,6 +17,10 @@ MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options) {
         " and num_heads ", h);
   check(std::isfinite(options.dropout) && options.dropout >= 0.0 && options.dropout <= 1.0,
         "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options.dropout);
+  check(options.window_left >= -1, "MultiheadAttention: window_left: expected -1 (unbounded) or a number of keys >= 0, "
+        "got ", options.window_left);
+  check(options.window_right >= -1, "MultiheadAttention: window_right: expected -1 (unbounded) or a number of keys "
+        ">= 0, got ", options.window_right);
   if (!options.kdim) options.kdim = e;
   if (!options.vdim) options.vdim = e;
   // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps

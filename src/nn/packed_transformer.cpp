@@ -84,7 +84,7 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
     if (key_padding_mask.defined())
       args.key_padding_mask = Tensor<bool>({N, L}, std::span<const bool>(key_padding_mask.data(), static_cast<size_t>(N * L)));
     const MultiheadAttentionMasks<float> masks = multihead_attention_masks(attention_options_, args, N, L, L, false);
-    attention::Options<float> opt = masks.core_options(0.0, 0);
+    attention::Options<float> opt = masks.core_options(module_scoring(attention_options_, 0.0, 0));
     opt.backend = attention::Backend::cpu_flash;
     attention::sdpa_forward_into<float>(
         q, k, v, {View<float>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);

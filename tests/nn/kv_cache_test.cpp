@@ -77,14 +77,18 @@ struct Modules {
 
 // A batch of sequences of different lengths, generated with `prompt` tokens at once then one at a
 // time (counts mark which sequences still have tokens), against each sequence's full forward.
+// With a sliding window (window_left >= 0) on the module, both sides use it: the cache's calls
+// and the full forward's.
 template <class Kv>
-void check_generation(const std::vector<int64_t>& lengths, int64_t prompt, bool batch_first) {
+void check_generation(const std::vector<int64_t>& lengths, int64_t prompt, bool batch_first, int64_t window_left = -1) {
   SCOPED_TRACE(std::string(storage_name<Kv>()) + " prompt " + std::to_string(prompt) + " batch " +
-               std::to_string(lengths.size()) + (batch_first ? " batch_first" : ""));
+               std::to_string(lengths.size()) + (batch_first ? " batch_first" : "") + " window_left " +
+               std::to_string(window_left));
   MultiheadAttentionOptions o;
   o.embed_dim = 32;
   o.num_heads = 4;
   o.batch_first = batch_first;
+  o.window_left = window_left;
   Modules m(o);
   const int64_t n = static_cast<int64_t>(lengths.size()), e = o.embed_dim;
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
@@ -143,6 +147,13 @@ TEST(KVCache, TokenByTokenMatchesFullCausalForward) {
   check_generation<float>({7, 4, 9}, 1, true);
   check_generation<float>({7, 4, 9}, 5, false);  // a prompt of 5, then one at a time
   check_generation<float>({20, 20}, 20, true);   // all at once: T = 20 > 16 runs cpu_flash
+}
+
+// The module's sliding window reaches the cache's calls: each token sees its last W keys.
+TEST(KVCache, TokenByTokenWithASlidingWindowMatchesTheFullForward) {
+  check_generation<float>({300}, 1, false, 37);
+  check_generation<float>({7, 4, 9}, 5, true, 3);
+  check_generation<bfloat16>({40, 33}, 20, true, 0);
 }
 
 TEST(KVCache, HalfPrecisionStorage) {

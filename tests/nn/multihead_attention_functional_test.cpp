@@ -113,7 +113,7 @@ void run_case(const FunctionalCase& c) {
       grad("bias_k"), grad("bias_v"), grad("out_proj.weight"), grad("out_proj.bias")};
   MultiheadAttentionCache<T> cache;
   const MultiheadAttentionOutput<T> got = multihead_attention_forward<T>(
-      o, weights, query, key, value, args, c.dropout, module_cache.dropout_seed, attention::Backend::automatic, &cache);
+      o, weights, query, key, value, args, c.dropout, module_cache.scoring.dropout_seed, attention::Backend::automatic, &cache);
   MultiheadAttentionSaved<T> saved = cache.saved();
   saved.query = query;  // the caller keeps the inputs
   saved.key = key;
@@ -128,7 +128,7 @@ void run_case(const FunctionalCase& c) {
   expect_bitwise(got_grads.grad_key, expected_grads.grad_key, "grad_key");
   expect_bitwise(got_grads.grad_value, expected_grads.grad_value, "grad_value");
   for (auto& p : module.parameters()) expect_bitwise(grads.at(p.name), *p.grad, "grad " + p.name);
-  if (c.dropout) EXPECT_NE(cache.dropout_seed, 0u);
+  if (c.dropout) EXPECT_NE(cache.scoring.dropout_seed, 0u);
 }
 
 TYPED_TEST(FreeFunctionsMatchTheModule, ForwardAndBackwardBitwise) {

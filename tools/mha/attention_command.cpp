@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct AttentionArgs {
   bool train = false, backward = false, timings = false;
   uint64_t seed = 0;
   std::string context_parallel, layout = "contiguous";  // --context-parallel ring|ulysses (under mpirun)
+  std::vector<int64_t> window;                              // --window LEFT,RIGHT
 };
 
 // Wall-clock time of each stage of the command, printed with --timings.
@@ -111,6 +113,7 @@ void run(const AttentionArgs& args) {
   nn::MultiheadAttentionOptions options = args.module;
   if (args.kdim) options.kdim = args.kdim;
   if (args.vdim) options.vdim = args.vdim;
+  if (!args.window.empty()) std::tie(options.window_left, options.window_right) = std::pair(args.window[0], args.window[1]);
   nn::MultiheadAttention<T> module(options, args.seed);
   module.train(args.train);
   module.backend = parse_backend(args.backend);
@@ -205,6 +208,12 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--batch-first,!--no-batch-first", args->module.batch_first, "inputs are (N, L, E) instead of (L, N, E)");
+  cmd->add_option("--window", args->window,
+                  "LEFT,RIGHT: a sliding window (FlashAttention-2's window_size): query i sees keys i - LEFT to "
+                  "i + RIGHT on the causal diagonal (S - L without causality), -1 = unbounded on that side; "
+                  "Hugging Face's sliding_window W with causality is W-1,0")
+      ->expected(2)
+      ->delimiter(',');
   // Forward arguments.
   cmd->add_flag("--need-weights,!--no-need-weights", args->need_weights, "also return attention weights (default on)");
   cmd->add_flag("--average-attn-weights,!--no-average-attn-weights", args->average_attn_weights,

@@ -36,6 +36,10 @@ struct MultiheadAttentionOptions {
   std::optional<int64_t> kdim;  // defaults to embed_dim
   std::optional<int64_t> vdim;  // defaults to embed_dim
   bool batch_first = false;
+  // mha's own: a sliding window on the attention (attention::Scoring's window_left/right, −1 =
+  // unbounded), applied by every call of the module: forward, backward, forward_cached and the
+  // packed inference twin (module_scoring).
+  int64_t window_left = -1, window_right = -1;
 };
 
 // A mask is bool (True = blocked) or float (added), as in PyTorch's MHA.
@@ -95,12 +99,16 @@ struct MultiheadAttentionMasks {
   std::optional<Tensor<T>> additive_mask;
   attention::Causal causal = attention::Causal::none;
 
-  // The attention core's options for a call with these masks (as views: the masks must outlive
-  // the options) and this dropout: the one place the module's three core calls (forward,
-  // backward, the packed inference twin) get their settings from. The seed is 0 without dropout,
-  // so that calls that draw nothing compare equal.
-  attention::Options<T> core_options(double dropout_p, uint64_t dropout_seed) const;
+  // The attention core's options: these masks (as views: they must outlive the options) and their
+  // causality on top of `scoring` (module_scoring).
+  attention::Options<T> core_options(const attention::Scoring& scoring) const;
 };
+
+// The attention core's settings of a call of the module: its window and this dropout, the seed 0
+// without dropout (so that calls that draw nothing compare equal). With core_options, the one
+// place the module's core calls (forward, backward, forward_cached, the packed inference twin)
+// get their settings from.
+attention::Scoring module_scoring(const MultiheadAttentionOptions& options, double dropout_p, uint64_t dropout_seed);
 
 // What backward reads, as views: the forward's inputs in the caller's layout, what the forward
 // computed (its cache), and the attention core's options it ran with (masks as views, causality,
@@ -112,7 +120,7 @@ struct MultiheadAttentionSaved {
   View<const T> q, k, v;            // projections (N, L, E) and (N, S', E), S' counting appended keys
   View<const double> logsumexp;     // (N, H, L)
   View<const T> merged;             // the attention's output, heads merged, (N, L, E)
-  attention::Options<T> core;       // MultiheadAttentionMasks::core_options (backend: backward's own)
+  attention::Options<T> core;       // masks.core_options(scoring) (backend: backward's own)
 };
 
 // What forward computes for backward (the module keeps it; the free forward fills it).
@@ -124,8 +132,7 @@ struct MultiheadAttentionCache {
   Tensor<double> logsumexp;     // (N, H, L)
   Tensor<T> merged;             // the attention's output, heads merged, (N, L, E): out_proj's input
   MultiheadAttentionMasks<T> masks;
-  double dropout_p = 0.0;
-  uint64_t dropout_seed = 0;
+  attention::Scoring scoring;  // module_scoring of the forward
 
   // Views of all of it (query, key, value included: this cache must be the module's).
   MultiheadAttentionSaved<T> saved() const;
