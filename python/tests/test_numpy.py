@@ -20,14 +20,17 @@ def run_golden(inputs, metadata, dtype):
     scale = float(metadata["scale"]) if metadata["scale"] else None
     gqa = metadata["enable_gqa"] == "true"
     causal = metadata["causal"]
+    window = (int(metadata.get("window_left", -1)), int(metadata.get("window_right", -1)))
     if causal == "bottom_right":  # not in SDPA's signature: mha.torch reaches it through CausalBias
-        out, lse = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2)
-        grads = _core.backward(dout, q, k, v, out, lse, mask, 0.0, causal, scale, gqa, None, 2)
+        out, lse = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2, window)
+        grads = _core.backward(dout, q, k, v, out, lse, mask, 0.0, causal, scale, gqa, None, 2, window)
     else:
         out, lse = mha.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal == "top_left",
-                                                    scale=scale, enable_gqa=gqa, return_logsumexp=True)
+                                                    scale=scale, enable_gqa=gqa, return_logsumexp=True,
+                                                    window_size=window)
         grads = mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask, is_causal=causal == "top_left",
-                                                          scale=scale, enable_gqa=gqa, output=out, logsumexp=lse)
+                                                          scale=scale, enable_gqa=gqa, output=out, logsumexp=lse,
+                                                          window_size=window)
     return dict(zip(("output", "grad_query", "grad_key", "grad_value"), (out, *grads)))
 
 

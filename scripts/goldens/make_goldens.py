@@ -510,6 +510,7 @@ class SdpaCase:
     gqa: bool = False
     post: Optional[Callable] = None
     expect_full_rows: bool = False
+    window: tuple = (-1, -1)         # (left, right): FlashAttention-2's window_size
 
     @property
     def hkv(self):
@@ -600,7 +601,41 @@ def sdpa_cases() -> list[SdpaCase]:
         C("head_dim_1", "Dqk = Dv = 1", B=2, Hq=3, L=4, S=5, Dqk=1),
         C("head_dim_13", "Dqk = Dv = 13 with bool mask (L, S)", B=2, Hq=2, L=5, S=6, Dqk=13,
           mask=("bool", (5, 6))),
+        C("window_left_right", "window (2, 1) without causality, L=5 < S=9 (FlashAttention's "
+          "construct_local_mask: the bottom-right diagonal)", B=2, Hq=2, L=5, S=9, Dqk=8, window=(2, 1)),
+        C("window_left_bottom_right", "window (3, -1) with bottom-right causality (FlashAttention's "
+          "causal local attention), GQA 4:2, L=6 < S=11", B=2, Hq=4, Hkv=2, L=6, S=11, Dqk=8, gqa=True,
+          causal="bottom_right", window=(3, -1)),
+        C("window_right_only", "window (-1, 0) without causality: FlashAttention's causal as a window, "
+          "L=7 > S=4 (first rows see nothing)", B=1, Hq=2, L=7, S=4, Dqk=4, window=(-1, 0),
+          expect_full_rows=True),
+        C("window_hf_sliding_4", "Hugging Face sliding_window = 4 (kv > q - 4, masking_utils' "
+          "sliding_window_overlay) with is_causal: window (3, 0) top-left, L=S=10", B=2, Hq=2, L=10,
+          S=10, Dqk=8, causal="top_left", window=(3, 0)),
     ]
+
+
+def local_mask(c: "SdpaCase") -> torch.Tensor:
+    """True where the window (and causality) lets query i see key j. FlashAttention's
+    construct_local_mask (tests/test_flash_attn.py, which returns the blocked positions) on its
+    bottom-right diagonal i + S - L; with is_causal (top-left) Hugging Face's
+    sliding_window_overlay kv > q - W and causal kv <= q instead."""
+    row = torch.arange(c.L).unsqueeze(-1)
+    col = torch.arange(c.S)
+    left, right = c.window
+    if c.causal == "top_left":
+        assert right == 0
+        return (col > row - (left + 1)) & (col <= row)
+    if c.causal == "bottom_right":
+        right = 0
+    d = c.S - c.L
+    if left < 0:
+        blocked = col > row + d + right
+    else:
+        blocked = (col > torch.clamp(row + d + right, max=c.S)) | (col < row + d - left)
+    if right < 0:  # FlashAttention's window_size[1] = -1: unbounded on the right
+        blocked = col < row + d - left
+    return ~blocked
 
 
 def sdpa_full_rows(c: SdpaCase, mask_blocked: Optional[torch.Tensor]) -> int:
@@ -654,7 +689,10 @@ def run_sdpa(c: SdpaCase, inputs: dict, dtype, use_causal_bias=False) -> dict:
         kwargs["enable_gqa"] = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if c.causal == "bottom_right":
+        if c.window != (-1, -1):  # PyTorch has no window: its definition as a bool mask
+            assert mask is None
+            mask, is_causal = local_mask(c), False
+        elif c.causal == "bottom_right":
             if use_causal_bias:
                 from torch.nn.attention.bias import causal_lower_right
                 mask = causal_lower_right(c.L, c.S)
@@ -772,7 +810,7 @@ def generate_sdpa(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
                 raise RuntimeError(msg)
             notes.append(msg)
             continue
-        if c.causal == "bottom_right":
+        if c.causal == "bottom_right" and c.window == (-1, -1):
             # Cross-check the explicit tril mask against torch's CausalBias (another kernel).
             ref = run_sdpa(c, inputs, torch.float64, use_causal_bias=True)
             diff = max(max_abs(ref[k] - f64[k]) for k in f64)
@@ -786,7 +824,9 @@ def generate_sdpa(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
         blocked = torch.zeros(c.B, c.Hq, c.L, c.S, dtype=torch.bool)
         if "attn_mask" in inputs:
             blocked = blocked | is_blocked(inputs["attn_mask"], False)
-        if c.causal == "bottom_right":
+        if c.window != (-1, -1):
+            blocked = blocked | ~local_mask(c)
+        elif c.causal == "bottom_right":
             blocked = blocked | ~bottom_right_mask(c.L, c.S)
         full = blocked.all(dim=-1)
         assert bool(full.any()) == c.expect_full_rows, c.name
@@ -799,6 +839,8 @@ def generate_sdpa(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
         meta = {"case": c.name, "description": c.description, "regenerate": REGENERATE,
                 "torch_version": TORCH_VERSION, "causal": c.causal, "scale": c.scale,
                 "enable_gqa": str(c.gqa).lower()}
+        if c.window != (-1, -1):  # the Scoring fields' names (sdpa_golden_test reads them by name)
+            meta.update({"window_left": str(c.window[0]), "window_right": str(c.window[1])})
         files = {
             "inputs.safetensors": (inputs, {}),
             "expected_f64.safetensors": ({k: v.double() for k, v in f64.items()},
