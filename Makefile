@@ -15,7 +15,9 @@
 #               then sentence embeddings beside sentence-transformers and ONNX Runtime
 #               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
 #               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
-#               context-parallel attention under mpirun (scripts/bench/bench_distributed.sh);
+#               a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
+#               (scripts/bench/bench_variants.py), then context-parallel attention under mpirun
+#               (scripts/bench/bench_distributed.sh);
 #               installs the peers (install_python_deps.sh --bench)
 #   make clean  remove build/
 BUILD_DIR  ?= build
@@ -94,6 +96,7 @@ bench: deps model build python-package
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_decode.py $(BUILD_DIR)
+	$(PYTHON) scripts/bench/bench_variants.py $(BUILD_DIR)
 	./scripts/bench/bench_distributed.sh $(BUILD_DIR)
 
 clean:

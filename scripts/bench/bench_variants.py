@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""`make bench`, attention variants: a sliding window beside the dense causal call and the peers a
+user would otherwise run, in the same run (docs/variants.md).
+
+Shape B = 1, H = 8, L = S = 16 384, d = 64, float32, causal with a window of W = 256 keys
+(Hugging Face's sliding_window = 256: window_size (255, 0)). Median times of:
+  - mha.torch.scaled_dot_product_attention with window_size, forward (inference mode) and
+    forward+backward; the same without the window (dense causal);
+  - PyTorch's SDPA given the window as a dense (L, S) bool mask, forward and forward+backward;
+  - FlexAttention compiled with a sliding-window BlockMask, forward only (it has no CPU backward),
+    when torch.compile works here.
+GFLOP/s count only the pairs a query sees (FlashAttention's 4·B·H·pairs·d forward, 2.5× that for
+the backward), so the window's and the dense call's rates compare directly. Threads:
+torch.get_num_threads(). Writes <build>/bench/variants.json.
+
+    python3 scripts/bench/bench_variants.py [build dir] [--quick]   (--quick: L = 2048)
+"""
+import os
+import sys
+
+import torch
+
+import mha.torch
+
+from bench import median_seconds, write_json  # bench.py, beside this file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def visible_pairs(L, W):
+    """Pairs (i, j) with i - W < j <= i: Σ_i min(i + 1, W)."""
+    return sum(min(i + 1, W) for i in range(L))
+
+
+def timed(fn, repeats):
+    return median_seconds(fn, repeats)
+
+
+def main():
+    build = next((a for a in sys.argv[1:] if not a.startswith("--")), os.path.join(ROOT, "build"))
+    quick = "--quick" in sys.argv
+    B, H, L, d, W = 1, 8, 2048 if quick else 16384, 64, 256
+    repeats = 3
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, L, d, generator=g) for _ in range(4))
+    window = (W - 1, 0)
+    report = {"shape": {"B": B, "H": H, "L": L, "S": L, "d": d, "W": W}, "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "results": {}}
+    pairs_window, pairs_causal = visible_pairs(L, W), L * (L + 1) // 2
+
+    def forward_backward(fn):
+        def run():
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            fn(*leaves).backward(dout)
+        return run
+
+    def record(name, pairs, fwd, fwd_bwd):
+        r = {"forward_ms": fwd * 1e3, "forward_gflops": 4 * B * H * pairs * d / fwd / 1e9}
+        if fwd_bwd is not None:
+            bwd = fwd_bwd - fwd
+            r.update({"forward_backward_ms": fwd_bwd * 1e3, "backward_gflops": 10 * B * H * pairs * d / bwd / 1e9})
+        report["results"][name] = r
+        text = f"{name:34} fwd {r['forward_ms']:9.1f} ms {r['forward_gflops']:6.1f} GFLOP/s"
+        if fwd_bwd is not None:
+            text += f"   fwd+bwd {r['forward_backward_ms']:9.1f} ms (bwd {r['backward_gflops']:6.1f} GFLOP/s)"
+        print(text, flush=True)
+
+    print(f"bench_variants: B={B} H={H} L=S={L} d={d} float32, causal window W={W} (window_size {window}); "
+          f"{report['threads']} threads; torch {torch.__version__}")
+    windowed = lambda q, k, v: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=window)
+    dense = lambda q, k, v: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.inference_mode():
+        fwd = timed(lambda: windowed(q, k, v), repeats)
+    record("mha window", pairs_window, fwd, timed(forward_backward(windowed), repeats))
+    with torch.inference_mode():
+        fwd = timed(lambda: dense(q, k, v), repeats)
+    record("mha dense causal", pairs_causal, fwd, timed(forward_backward(dense), repeats))
+
+    i = torch.arange(L).unsqueeze(-1)
+    mask = (torch.arange(L) <= i) & (torch.arange(L) > i - W)
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with torch.inference_mode():
+        fwd = timed(lambda: sdpa(q, k, v), 1)
+    record("PyTorch SDPA, window as bool mask", pairs_window, fwd, timed(forward_backward(sdpa), 1))
+
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        block_mask = create_block_mask(lambda b, h, qi, kv: (kv <= qi) & (kv > qi - W), None, None, L, L,
+                                       device="cpu")
+        flex = torch.compile(flex_attention)
+        with torch.inference_mode():
+            fwd = timed(lambda: flex(q, k, v, block_mask=block_mask), repeats)
+        record("FlexAttention compiled (BlockMask)", pairs_window, fwd, None)
+    except Exception as e:  # a peer that cannot run here is reported, not fatal
+        report["results"]["FlexAttention compiled (BlockMask)"] = {"error": str(e).splitlines()[0][:300]}
+        print(f"FlexAttention compiled: not run ({str(e).splitlines()[0][:200]})")
+
+    r = report["results"]
+    ratio = lambda a, b, key: r[a][key] / r[b][key]
+    print(f"window / dense causal GFLOP/s: forward {ratio('mha window', 'mha dense causal', 'forward_gflops'):.2f}, "
+          f"backward {ratio('mha window', 'mha dense causal', 'backward_gflops'):.2f}")
+    sdpa_name = "PyTorch SDPA, window as bool mask"
+    print(f"PyTorch SDPA with the mask / mha window: forward {r[sdpa_name]['forward_ms'] / r['mha window']['forward_ms']:.1f}x, "
+          f"forward+backward {r[sdpa_name]['forward_backward_ms'] / r['mha window']['forward_backward_ms']:.1f}x")
+    flex_name = "FlexAttention compiled (BlockMask)"
+    if "forward_ms" in r[flex_name]:
+        print(f"FlexAttention / mha window: forward {r[flex_name]['forward_ms'] / r['mha window']['forward_ms']:.2f}x")
+    os.makedirs(os.path.join(build, "bench"), exist_ok=True)
+    write_json(os.path.join(build, "bench", "variants.json"), report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
