@@ -123,9 +123,9 @@ int plant_specials(FuzzInput& in, const std::vector<Tensor<float>*>& targets) {
 using mha::testing::max_diff;
 
 // A known divergence of cpu_flash from the reference, the same as PyTorch's own flash kernel's:
-// cpu_flash skips the key blocks that causality or per-sequence lengths hide from a whole block of
-// queries, so a NaN or Inf there does not reach those queries, where the reference (and PyTorch's
-// math path) propagate it (NaN + −inf = NaN, 0·inf = NaN). Not asserted on such cases.
+// cpu_flash skips the key blocks that causality, windows or per-sequence lengths hide from a whole
+// block of queries, so a NaN or Inf there does not reach those queries, where the reference (and
+// PyTorch's math path) propagate it (NaN + −inf = NaN, 0·inf = NaN). Not asserted on such cases.
 //
 // How a case is checked. strict: inputs of the unit tests' kind, held to the FlashAttention rule;
 // otherwise same kinds of value.
@@ -355,6 +355,9 @@ void sdpa_case(FuzzInput& in) {
     return lengths;
   };
   const std::vector<int64_t> query_lengths = fuzzed_lengths(L), key_lengths = fuzzed_lengths(S);
+  // A sliding window: none, one or both sides, narrow or wide, or below −1 (refused).
+  options.window_left = in.pick<int64_t>({-1, -1, 0, 3, 40, 300, -2});
+  options.window_right = in.pick<int64_t>({-1, -1, 0, 5, 500, -3});
   const int64_t query_length_count = static_cast<int64_t>(query_lengths.size());
   const int64_t key_length_count = static_cast<int64_t>(key_lengths.size());
   if (!query_lengths.empty())
@@ -385,7 +388,8 @@ void sdpa_case(FuzzInput& in) {
   const bool strict =
       logit_magnitude <= 1.0 && planted == 0 && !(options.scale && std::abs(*options.scale) > 1.0);
   // Keys outside a query's range (causality, lengths) are skipped by cpu_flash: see Checks.
-  const bool causal = options.causal != att::Causal::none || !query_lengths.empty() || !key_lengths.empty();
+  const bool causal = options.causal != att::Causal::none || !query_lengths.empty() || !key_lengths.empty() ||
+                     options.window_left >= 0 || options.window_right >= 0;
   if (attend) options.attend_mask = *attend;
   if (additive) options.additive_mask = *additive;
 
@@ -396,7 +400,8 @@ void sdpa_case(FuzzInput& in) {
                  << (additive ? describe(additive->shape()) : std::string("none")) << " causal "
                  << static_cast<int>(options.causal) << " scale " << options.scale.value_or(-999)
                  << " dropout " << options.dropout_p << " need_weights " << options.need_weights
-                 << " query_lengths " << query_length_count << " key_lengths " << key_length_count
+                 << " query_lengths " << query_length_count << " key_lengths " << key_length_count << " window "
+                 << options.window_left << "," << options.window_right
                  << " magnitude " << logit_magnitude << " planted " << planted;
   const std::string context = context_stream.str();
 
