@@ -128,6 +128,7 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   s.whole_call = whole_call(s.whole_call, p);
   check(s.window_left >= -1, "window_left: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_left);
   check(s.window_right >= -1, "window_right: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_right);
+  check(std::isfinite(s.softcap) && s.softcap >= 0.0, "softcap: expected 0 (none) or a finite cap > 0, got ", s.softcap);
   if (s.scale) {
     check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
     p.scale = *s.scale;
@@ -141,10 +142,44 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   return p;
 }
 
+// A per-head view (Options::alibi_slopes, sinks): absent, (Hq), or (B, Hq) where `per_batch`.
+template <class T>
+detail::HeadValues<T> head_values(const View<const T>& v, const Problem& p, bool per_batch, const char* name) {
+  if (!v.defined()) return {};
+  const bool heads = v.dim() == 1 && v.size(0) == p.query_heads;
+  const bool batch_heads = per_batch && v.dim() == 2 && v.size(0) == p.batch && v.size(1) == p.query_heads;
+  if (per_batch) {
+    check(heads || batch_heads, name, ": expected shape (Hq) = ", Shape{p.query_heads}, " or (B, Hq) = ",
+          Shape{p.batch, p.query_heads}, ", got ", v.shape());
+  } else {
+    check(heads, name, ": expected shape (Hq) = ", Shape{p.query_heads}, ", one per query head, got ", v.shape());
+  }
+  return {v.data(), batch_heads ? v.stride(0) : 0, v.stride(v.dim() - 1)};
+}
+
 template <class T>
 ScoreAdditions<T> make_additions(const Problem& p, const Options<T>& options) {
+  const detail::HeadValues<T> slopes = head_values(options.alibi_slopes, p, true, "alibi_slopes");
+  if (slopes.present())
+    for (int64_t b = 0; b < (slopes.stride_b ? p.batch : 1); ++b)
+      for (int64_t h = 0; h < p.query_heads; ++h)
+        check(std::isfinite(slopes.of(b, h)), "alibi_slopes: expected finite slopes, got ", slopes.of(b, h),
+              " at (b, h) = (", b, ", ", h, ")");
   return {broadcast_view<bool>(options.attend_mask, p, "attend_mask"),
-          broadcast_view<T>(options.additive_mask, p, "additive_mask")};
+          broadcast_view<T>(options.additive_mask, p, "additive_mask"), slopes};
+}
+
+// Options::sinks, checked; absent in a block of keys that does not hold the whole call's key 0.
+template <class T>
+detail::Sinks<T> make_sinks(const Problem& p, const Options<T>& options) {
+  const detail::HeadValues<T> logits = head_values(options.sinks, p, false, "sinks");
+  for (int64_t h = 0; logits.present() && h < p.query_heads; ++h) {
+    const T x = logits.of(0, h);
+    check(!std::isnan(x) && x != std::numeric_limits<T>::infinity(),
+          "sinks: expected finite logits (or -inf: no sink), got ", x, " for head ", h);
+  }
+  if (p.whole().key_offset != 0) return {};
+  return {logits};
 }
 
 // The largest number of query rows (per head) the automatic choice sends to the decode backend;
@@ -245,6 +280,8 @@ ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
   operands.push_back(byte_range(options.additive_mask));
   operands.push_back(byte_range(options.query_lengths));
   operands.push_back(byte_range(options.key_lengths));
+  operands.push_back(byte_range(options.sinks));
+  operands.push_back(byte_range(options.alibi_slopes));
   return operands;
 }
 
@@ -261,6 +298,7 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
   a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
   const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
   const ScoreAdditions<T> additions = make_additions(p, options);
+  a.sinks = make_sinks(p, options);
   const Backend backend = resolve_backend<T>(options.backend, p, options.need_weights);
   if (!fresh) {
     const ByteRanges inputs = input_ranges({byte_range(query), byte_range(key), byte_range(value)}, options);
@@ -302,6 +340,29 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
   throw Error("sdpa_forward: options.backend: unknown backend");
 }
 
+// The sinks' gradient, for every backend: the sink's column of dS = P∘(dP − D), where dP is 0 (the
+// sink adds nothing to the output), summed over the batch and the rows:
+//   grad_sinks[h] (+)= −Σ_{b,i} exp(sink_h − lse_bhi) · D_bhi,   D_bhi = dO_bhi · O_bhi
+// in double, rows in order (the same sum for any thread count). A block of keys without the sink
+// (make_sinks) adds 0; a row that sees no key has O = 0, so D = 0.
+template <class T>
+void sink_gradients(const Problem& p, const detail::BackwardArgs<T>& a, const View<T>& grad_sinks, bool accumulate) {
+  for (int64_t h = 0; h < p.query_heads; ++h) {
+    double sum = 0;
+    const double sink = a.sinks.of(0, h);
+    for (int64_t b = 0; b < p.batch && sink != -std::numeric_limits<double>::infinity(); ++b)
+      for (int64_t i = 0; i < p.query_len; ++i) {
+        const T* dout = a.grad_output.row(b, h, i);
+        const T* out = a.output.row(b, h, i);
+        double d = 0;
+        for (int64_t e = 0; e < p.v_head_dim; ++e) d += static_cast<double>(dout[e]) * static_cast<double>(out[e]);
+        if (d != 0) sum -= std::exp(sink - *a.logsumexp.row(b, h, i)) * d;
+      }
+    T& g = grad_sinks.data()[h * grad_sinks.stride(0)];
+    g = static_cast<T>((accumulate ? static_cast<double>(g) : 0.0) + sum);
+  }
+}
+
 template <class T>
 void backward(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
               View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
@@ -312,6 +373,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
   const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
   const ScoreAdditions<T> additions = make_additions(p, options);
+  a.sinks = make_sinks(p, options);
   const Shape out_shape{p.batch, p.query_heads, p.query_len, p.v_head_dim};
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
@@ -328,7 +390,11 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
     check_output(grads.grad_query, query.shape(), "grad_query", inputs, written);
     check_output(grads.grad_key, key.shape(), "grad_key", inputs, written);
     check_output(grads.grad_value, value.shape(), "grad_value", inputs, written);
+    check(!grads.grad_sinks.defined() || options.sinks.defined(),
+          "grad_sinks: expected none (options.sinks is not given), got one");
+    if (grads.grad_sinks.defined()) check_output(grads.grad_sinks, {p.query_heads}, "grad_sinks", inputs, written);
   }
+  if (grads.grad_sinks.defined()) sink_gradients(p, a, grads.grad_sinks, grads.accumulate);
   a.grad_query = rows_of(grads.grad_query, "grad_query", "(B, Hq, L, Dqk)");
   a.grad_key = rows_of(grads.grad_key, "grad_key", "(B, Hkv, S, Dqk)");
   a.grad_value = rows_of(grads.grad_value, "grad_value", "(B, Hkv, S, Dv)");
@@ -349,7 +415,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
     if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode && !p.partial_keys()) {
       Tensor<T> output_again({p.batch, p.query_heads, p.query_len, p.v_head_dim});
       Tensor<double> logsumexp_again({p.batch, p.query_heads, p.query_len});
-      detail::ForwardArgs<T> f{a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
+      detail::ForwardArgs<T> f{a.sinks, a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
                                lse_rows_of(View<double>(logsumexp_again)), {}};
       detail::cpu_flash_forward(p, additions, f);
       a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
@@ -399,8 +465,10 @@ Gradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const T
   check_rank4(key.shape(), "key", "(B, Hkv, S, Dqk)");
   check_rank4(value.shape(), "value", "(B, Hkv, S, Dv)");
   make_problem(query.shape(), key.shape(), value.shape(), options);
-  Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
-  backward<T>(query, key, value, output, logsumexp, grad_output, {g.grad_query, g.grad_key, g.grad_value}, options,
+  Gradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape()), std::nullopt};
+  if (options.sinks.defined()) g.grad_sinks = Tensor<T>({query.size(1)});
+  backward<T>(query, key, value, output, logsumexp, grad_output,
+              {g.grad_query, g.grad_key, g.grad_value, false, g.grad_sinks ? View<T>(*g.grad_sinks) : View<T>()}, options,
               /*fresh=*/true);
   return g;
 }

@@ -68,6 +68,15 @@ struct Problem {
     return {cut(r.begin), cut(r.end)};
   }
   KeyRange visible_keys(int64_t b, int64_t i) const { return visible_keys(b, i, i + 1); }
+  // The key of query i of sequence b on the causal alignment's diagonal (causal_diagonal), in this
+  // call's key numbering: where ALiBi's distance is 0.
+  int64_t diagonal_key(int64_t b, int64_t i) const {
+    const WholeCall& w = whole();
+    return w.query_offset + i +
+           causal_diagonal(settings, query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len)) - w.key_offset;
+  }
+  // Whether scale·q·k is soft-capped (Scoring::softcap).
+  bool softcapped() const { return settings.softcap > 0.0; }
   // This call's keys are a part of the whole call's: a row's softmax spans keys it does not see.
   bool partial_keys() const { return whole().key_offset != 0 || whole().key_len != key_len; }
   // The dropout stream of (b, h) and the whole call's row and column of (i, j): dropout_keep's
@@ -82,46 +91,78 @@ struct Problem {
   double dropout_scale() const { return settings.dropout_p < 1.0 ? 1.0 / (1.0 - settings.dropout_p) : 0.0; }
 };
 
-// What is added to score (b, h, i, j) on top of scale·q·k: the additive mask's value, plus −inf
-// where attend_mask is false, and −inf for a key outside the query's visible_keys. The one
-// per-element definition, which the reference applies row by row (fill_row, in T) and the tiles
-// apply tile by tile (tiles.h, in float; the key range there goes to the kernels as the tile's
-// edges). Blocking ADDS −inf, as PyTorch adds a bool mask turned into −inf: a +inf or NaN in the
-// float mask then gives NaN there, exactly as in PyTorch.
+// Per-head values of a call, element (b, h) of a (Hq) or (B, Hq) view: Options::alibi_slopes and
+// Options::sinks.
+template <class T>
+struct HeadValues {
+  const T* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0;
+
+  bool present() const { return data != nullptr; }
+  T of(int64_t b, int64_t h) const { return data[b * stride_b + h * stride_h]; }
+};
+
+// What is added to score (b, h, i, j) on top of cap(scale·q·k): the additive mask's value, plus
+// −inf where attend_mask is false, plus ALiBi's −slope·|i + diagonal − j|, and −inf for a key
+// outside the query's visible_keys. The one per-element definition, which the reference applies
+// row by row (fill_row, in T) and the tiles apply tile by tile (tiles.h, in float; the key range
+// there goes to the kernels as the tile's edges). Blocking ADDS −inf, as PyTorch adds a bool mask
+// turned into −inf: a +inf or NaN in the float mask then gives NaN there, exactly as in PyTorch.
 template <class T>
 struct ScoreAdditions {
   BroadcastView<bool> attend;
   BroadcastView<T> additive;
+  HeadValues<T> alibi_slopes;
 
-  bool present() const { return additive.present() || attend.present(); }
+  bool present() const { return additive.present() || attend.present() || alibi_slopes.present(); }
 
-  // Row (b, h, i) of the masks' part, key by key.
+  // Row (b, h, i) of the additions but the key range, key by key (j counted in this call's keys).
   struct Row {
     const T* add = nullptr;
     int64_t add_stride = 0;
     const bool* keep = nullptr;
     int64_t keep_stride = 0;
+    T slope = 0;         // ALiBi's, 0 without
+    int64_t origin = 0;  // the query's own key (i + diagonal), in this call's key numbering
 
     T operator()(int64_t j) const {
       T v = add ? add[j * add_stride] : T(0);
       if (keep && !keep[j * keep_stride]) v += -std::numeric_limits<T>::infinity();
+      if (slope != T(0)) v += -slope * static_cast<T>(origin > j ? origin - j : j - origin);
       return v;
     }
   };
-  Row row(int64_t b, int64_t h, int64_t i) const {
-    return {additive.present() ? additive.row(b, h, i) : nullptr, additive.stride_j,
-            attend.present() ? attend.row(b, h, i) : nullptr, attend.stride_j};
+  Row row(const Problem& p, int64_t b, int64_t h, int64_t i) const {
+    Row r{additive.present() ? additive.row(b, h, i) : nullptr, additive.stride_j,
+          attend.present() ? attend.row(b, h, i) : nullptr, attend.stride_j};
+    if (alibi_slopes.present()) {
+      r.slope = alibi_slopes.of(b, h);
+      r.origin = p.diagonal_key(b, i);
+    }
+    return r;
   }
 
-  // scores[0..S) of query row i of (b, h) = everything added there: backends add scale·q·k on top.
+  // scores[0..S) of query row i of (b, h) = everything added there: backends add cap(scale·q·k).
   void fill_row(const Problem& p, int64_t b, int64_t h, int64_t i, T* scores) const {
     const KeyRange visible = p.visible_keys(b, i);
-    const Row masks = row(b, h, i);
+    const Row additions = row(p, b, h, i);
     for (int64_t j = 0; j < p.key_len; ++j) {
-      T v = masks(j);
+      T v = additions(j);
       if (!visible.contains(j)) v += -std::numeric_limits<T>::infinity();
       scores[j] = v;
     }
+  }
+};
+
+// Options::sinks as a backend reads it: the sink logit of (b, h), −inf when there is none (no
+// sinks, or a block of the whole call's keys that does not hold key 0: Options::sinks).
+template <class T>
+struct Sinks {
+  HeadValues<T> logits;
+
+  bool present() const { return logits.present(); }
+  double of(int64_t b, int64_t h) const {
+    return logits.present() ? static_cast<double>(logits.of(b, h)) : -std::numeric_limits<double>::infinity();
   }
 };
 
@@ -132,6 +173,7 @@ struct ScoreAdditions {
 // (Kv: bfloat16 or float16 in a KV cache, read by the decode backend).
 template <class T, class Kv = T>
 struct ForwardArgs {
+  Sinks<T> sinks;
   Rows<const T> query;
   Rows<const Kv> key, value;
   Rows<T> output;
@@ -142,6 +184,7 @@ struct ForwardArgs {
 // What a backend's backward reads and writes; the gradients are zero when the backend starts.
 template <class T>
 struct BackwardArgs {
+  Sinks<T> sinks;
   Rows<const T> query, key, value, output, grad_output;
   Rows<const double> logsumexp;
   Rows<T> grad_query, grad_key, grad_value;

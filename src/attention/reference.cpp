@@ -16,25 +16,39 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// Scores of query row i against every key: scale·q_i·k_j + mask (−inf where blocked).
+// Scores of query row i against every key: cap(scale·q_i·k_j) + additions (−inf where blocked),
+// cap(x) = c·tanh(x / c) with a soft-cap c (Scoring::softcap), else x. With `slopes`, also
+// cap'(x) = 1 − tanh²(x / c) per key, for the backward (1 without a soft-cap).
 template <class T>
 void score_row(const Problem& p, const ScoreAdditions<T>& additions, const T* q, const Rows<const T>& key, int64_t b,
-               int64_t kvh, int64_t h, int64_t i, T* scores) {
+               int64_t kvh, int64_t h, int64_t i, T* scores, T* slopes = nullptr) {
   additions.fill_row(p, b, h, i, scores);
-  const T scale = static_cast<T>(p.scale);
+  const T scale = static_cast<T>(p.scale), cap = static_cast<T>(p.settings.softcap);
   // The product is added even where the mask holds −inf, as PyTorch adds the mask to the full
   // score matrix: a NaN in a key propagates the same way it does there.
-  for (int64_t j = 0; j < p.key_len; ++j) scores[j] += scale * dot(q, key.row(b, kvh, j), p.qk_head_dim);
+  for (int64_t j = 0; j < p.key_len; ++j) {
+    T x = scale * dot(q, key.row(b, kvh, j), p.qk_head_dim);
+    if (p.softcapped()) {
+      const T t = std::tanh(x / cap);
+      x = cap * t;
+      if (slopes) slopes[j] = T(1) - t * t;
+    } else if (slopes) {
+      slopes[j] = T(1);
+    }
+    scores[j] += x;
+  }
 }
 
-// Turns the scores of one row into probabilities in place and returns log Σ exp(scores) (in
-// double: see attention.h).
-// A row whose scores are all −inf may attend to nothing: it gets probabilities 0 and returns
-// −inf. A NaN anywhere makes the whole row NaN, as in PyTorch (NaN must not pass for "masked").
+// Turns the scores of one row into probabilities in place and returns log(Σ exp(scores) +
+// exp(sink)) (in double: see attention.h); the sink (Options::sinks; −inf: none) is one more logit
+// of the row whose probability is left out.
+// A row whose scores and sink are all −inf may attend to nothing: it gets probabilities 0 and
+// returns −inf. A NaN anywhere makes the whole row NaN, as in PyTorch (NaN must not pass for
+// "masked").
 template <class T>
-double softmax_row(T* scores, int64_t n) {
+double softmax_row(T* scores, int64_t n, T sink) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  T max_score = neg_inf;
+  T max_score = sink;
   // Once max_score is NaN no comparison replaces it, so a NaN sticks.
   for (int64_t j = 0; j < n; ++j)
     if (std::isnan(scores[j]) || max_score < scores[j]) max_score = scores[j];
@@ -46,7 +60,7 @@ double softmax_row(T* scores, int64_t n) {
   // in double so that Σ_j P_j = 1 to rounding of the P_j themselves: backward relies on it
   // (Σ_j dS_ij = D_i (1 − Σ_j P_ij) must vanish), and a sequential float sum over S keys would be
   // off by ~S·eps — the largest error in gradients that are zero in exact arithmetic.
-  double sum = 0;
+  double sum = std::exp(static_cast<double>(sink) - static_cast<double>(max_score));
   for (int64_t j = 0; j < n; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
   for (int64_t j = 0; j < n; ++j) scores[j] = static_cast<T>(scores[j] / sum);
   return static_cast<double>(max_score) + std::log(sum);
@@ -82,7 +96,7 @@ void reference_forward(const Problem& p, const ScoreAdditions<T>& additions, con
 
         // Pass 1: scores; pass 2: softmax (a row that may attend to nothing stays 0).
         score_row(p, additions, q, a.key, b, kvh, h, i, scores.data());
-        lse = softmax_row(scores.data(), S);
+        lse = softmax_row(scores.data(), S, static_cast<T>(a.sinks.of(b, h)));
         if (lse == neg_inf) continue;
         // Pass 3: dropout on the probabilities, then the weighted sum of values.
         for (int64_t j = 0; j < S; ++j) {
@@ -101,7 +115,9 @@ void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, co
   // With P = softmax(scores), Pd = dropout(P), O = Pd·V and upstream dO:
   //   dV_j  += Σ_i Pd_ij dO_i
   //   dPd_ij = dO_i · v_j,   dP_ij = dPd_ij · (dropout factor of ij)
-  //   dS_ij  = P_ij (dP_ij − D_i)  with D_i = Σ_j P_ij dP_ij  (= dO_i · O_i in exact arithmetic)
+  //   dS_ij  = P_ij (dP_ij − D_i)  with D_i = Σ_j P_ij dP_ij  (= dO_i · O_i in exact arithmetic),
+  //            times cap'(x_ij) = 1 − tanh²(x_ij / c) under a soft-cap c (x = scale·q·k)
+  // (a sink's own column of dS is grad_sinks': attention.cpp's sink_gradients, for every backend)
   //   dQ_i  += scale Σ_j dS_ij k_j,   dK_j += scale Σ_i dS_ij q_i
   // The reference recomputes P with the same softmax as the forward rather than as
   // exp(s − lse): when a row's scores are huge (a finite mask fill such as −1e9), lse = m + log l
@@ -116,7 +132,7 @@ void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, co
   const int64_t Dqk = p.qk_head_dim, Dv = p.v_head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
-  std::vector<T> prob(static_cast<size_t>(S)), dprob(static_cast<size_t>(S));
+  std::vector<T> prob(static_cast<size_t>(S)), dprob(static_cast<size_t>(S)), cap_slope(static_cast<size_t>(S));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
@@ -126,13 +142,13 @@ void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, co
         const T* dout = a.grad_output.row(b, h, i);
         T* dq = a.grad_query.row(b, h, i);
 
-        score_row(p, additions, q, a.key, b, kvh, h, i, prob.data());
+        score_row(p, additions, q, a.key, b, kvh, h, i, prob.data(), cap_slope.data());
         if (p.partial_keys()) {
           // A block of the row's keys (Options::whole_call): P from the whole row's logsumexp.
           const double lse = *a.logsumexp.row(b, h, i);
           if (lse == -std::numeric_limits<double>::infinity()) continue;
           for (int64_t j = 0; j < S; ++j) prob[j] = static_cast<T>(std::exp(static_cast<double>(prob[j]) - lse));
-        } else if (softmax_row(prob.data(), S) == neg_inf) {
+        } else if (softmax_row(prob.data(), S, static_cast<T>(a.sinks.of(b, h))) == neg_inf) {
           continue;  // masked row: every gradient term is 0
         }
         // dP_ij and D_i; then dV, dS, dQ, dK. Every key takes part, as in PyTorch's matrix
@@ -154,7 +170,7 @@ void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, co
           const T factor = static_cast<T>(dropout_factor(p, b * Hq + h, i, j));
           T* dv = a.grad_value.row(b, kvh, j);
           for (int64_t d = 0; d < Dv; ++d) dv[d] += prob[j] * factor * dout[d];
-          const T dscore = static_cast<T>(prob[j] * (dprob[j] - row_dot));
+          const T dscore = static_cast<T>(prob[j] * (dprob[j] - row_dot)) * cap_slope[j];
           const T* k = a.key.row(b, kvh, j);
           T* dk = a.grad_key.row(b, kvh, j);
           for (int64_t d = 0; d < Dqk; ++d) {

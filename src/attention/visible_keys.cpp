@@ -8,12 +8,16 @@
 
 namespace mha::attention {
 
+int64_t causal_diagonal(const Scoring& s, int64_t query_len, int64_t key_len) {
+  return s.causal == Causal::top_left ? 0 : key_len - query_len;
+}
+
 KeyRange visible_keys(const Scoring& s, int64_t query_len, int64_t key_len, int64_t first_query, int64_t end_query) {
   // Queries past the sequence's length are padding: they see nothing.
   end_query = std::min(end_query, query_len);
   if (first_query >= end_query || key_len <= 0) return {0, 0};
   // Query i's own key is i + diagonal: top-left causality's, else the bottom-right alignment.
-  const int64_t diagonal = s.causal == Causal::top_left ? 0 : key_len - query_len;
+  const int64_t diagonal = causal_diagonal(s, query_len, key_len);
   // A window wider than the whole call is no window (and keeps the sums below in range).
   auto side = [&](int64_t w) { return w < 0 ? -1 : std::min(w, query_len + key_len); };
   // Causality is a right side of 0, whatever the window's.

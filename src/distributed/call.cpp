@@ -91,6 +91,8 @@ Call make_call(Communicator& comm, Scheme scheme, const char* function, const Te
 
   check(!options.query_lengths.defined() && !options.key_lengths.defined(),
         "options.query_lengths/key_lengths: context-parallel attention does not take per-sequence lengths");
+  check(!options.sinks.defined() && !options.alibi_slopes.defined(),
+        "options.sinks/alibi_slopes: context-parallel attention does not take per-head sinks or ALiBi slopes yet");
 
   // What every rank must agree on: the call's shape and kind, then every Scoring field (its one
   // list, Scoring::visit_fields), each as 64 bits.

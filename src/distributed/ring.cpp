@@ -159,7 +159,7 @@ template <class T>
 attention::Gradients<T> ring_backward(Communicator& comm, const Call& c, const Tensor<T>& q, const Tensor<T>& k,
                                       const Tensor<T>& v, const Tensor<T>& out, const Tensor<double>& lse,
                                       const Tensor<T>& dout, const Options<T>& options) {
-  attention::Gradients<T> g{Tensor<T>(q.shape()), Tensor<T>(), Tensor<T>()};
+  attention::Gradients<T> g{Tensor<T>(q.shape()), Tensor<T>(), Tensor<T>(), std::nullopt};
   KvBlock<T> grads(c), grads_next(c);  // the dK, dV accumulator of the block held, and the next's
   around_the_ring(
       comm, c, options, k, v,
@@ -168,7 +168,7 @@ attention::Gradients<T> ring_backward(Communicator& comm, const Call& c, const T
         attention::sdpa_backward_into<T>(
             rows(q, qa, n), keys, values, rows(out, qa, n), rows(lse, qa, n), rows(dout, qa, n),
             {rows(g.grad_query, qa, n), grads.keys(owner).slice(2, ka, key_rows.length),
-             grads.values(owner).slice(2, ka, key_rows.length), /*accumulate=*/true},
+             grads.values(owner).slice(2, ka, key_rows.length), /*accumulate=*/true, {}},
             block_options(options, c, q_rows, key_rows));
       },
       [&](int step) {

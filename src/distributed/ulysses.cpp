@@ -230,8 +230,8 @@ attention::Gradients<T> ulysses_backward(Communicator& comm, const Call& c, cons
   const Tensor<double> hl = as_tensor<double>(whole[4], {c.batch, hq_n, c.query_len});
   const Tensor<T> hd = as_tensor<T>(whole[5], {c.batch, hq_n, c.query_len, c.v_dim});
   const auto g = mine.kv.length > 0 ? attention::sdpa_backward(hq, hk, hv, ho, hl, hd, head_options(options, c, mine.query))
-                                    : attention::Gradients<T>{hq, hk, hv};
-  attention::Gradients<T> r{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape())};
+                                    : attention::Gradients<T>{hq, hk, hv, std::nullopt};
+  attention::Gradients<T> r{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape()), std::nullopt};
   to_sequence(comm, c,
               {{g.grad_query.data(), false, false, c.qk_dim, sizeof(T)},
                {g.grad_key.data(), true, true, c.qk_dim, sizeof(T)},

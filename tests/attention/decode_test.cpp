@@ -160,8 +160,8 @@ void check_half_storage(const Case& c, uint64_t seed) {
   in.k = converted<float>(k);  // the values the half storage holds
   in.v = converted<float>(v);
   for (Backend backend : {Backend::decode, Backend::reference, Backend::cpu_flash}) {
-    std::optional<Tensor<float>> additive;
-    const Options<float> opt = options_of<float>(c, in, backend, additive);
+    Held<float> held;
+    const Options<float> opt = options_of<float>(c, in, backend, held);
     Tensor<float> out({c.batch, c.q_heads, c.q_len, c.v_dim});
     Tensor<double> lse({c.batch, c.q_heads, c.q_len});
     sdpa_forward_into(in.q, k, v, {out, lse, {}}, opt);

@@ -1,5 +1,6 @@
 // sdpa_forward / sdpa_backward against PyTorch's scaled_dot_product_attention goldens
-// (tests/goldens/sdpa): float32 under the FlashAttention rule, float64 at 1e-10.
+// (tests/goldens/sdpa) and the score variants computed by their anchors' own code (tests/goldens/variants:
+// Gemma 2, gpt-oss, Bloom, FlashAttention-2): float32 under the FlashAttention rule, float64 at 1e-10.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -82,6 +83,10 @@ st::File run_case(const st::File& inputs) {
       opt.additive_mask = *additive;
     }
   }
+  // Per-head tensors (the variant goldens'): sinks and ALiBi slopes.
+  std::optional<Tensor<T>> sinks, slopes;
+  if (inputs.tensors.count("sinks")) opt.sinks = *(sinks = input("sinks"));
+  if (inputs.tensors.count("alibi_slopes")) opt.alibi_slopes = *(slopes = input("alibi_slopes"));
   auto fwd = sdpa_forward(q, k, v, opt);
   auto grads = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, dout, opt);
   st::File out;
@@ -89,6 +94,7 @@ st::File run_case(const st::File& inputs) {
   out.tensors["grad_query"] = st::from_tensor(grads.grad_query);
   out.tensors["grad_key"] = st::from_tensor(grads.grad_key);
   out.tensors["grad_value"] = st::from_tensor(grads.grad_value);
+  if (grads.grad_sinks) out.tensors["grad_sinks"] = st::from_tensor(*grads.grad_sinks);
   return out;
 }
 
@@ -102,7 +108,7 @@ TEST_P(SdpaGolden, MatchesPyTorch) {
   const std::string name = dir.filename().string();
   const double worst32 = testing::expect_matches_golden(run_case<float>(inputs), expected, torch32, name + " float32");
   const double worst64 = testing::expect_matches_golden(run_case<double>(inputs), expected, torch32, name + " float64", 1e-10);
-  std::cout << "[golden] sdpa " << name << " largest fraction of the allowed error: float32 " << worst32 << ", float64 " << worst64 << "\n";
+  std::cout << "[golden] " << dir.parent_path().filename().string() << " " << name << " largest fraction of the allowed error: float32 " << worst32 << ", float64 " << worst64 << "\n";
 }
 
 // The metadata is read through Scoring's field list: a field it names is set, one it omits keeps
@@ -125,6 +131,9 @@ TEST(SdpaGoldenMetadata, ReadsEveryScoringFieldItNames) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, SdpaGolden, ::testing::ValuesIn(testing::golden_cases("sdpa")),
+                         [](const auto& info) { return info.param.filename().string(); });
+// The score variants, computed by the anchors' own code (scripts/goldens/make_variant_goldens.py).
+INSTANTIATE_TEST_SUITE_P(Variants, SdpaGolden, ::testing::ValuesIn(testing::golden_cases("variants")),
                          [](const auto& info) { return info.param.filename().string(); });
 
 }  // namespace

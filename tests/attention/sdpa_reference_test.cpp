@@ -37,8 +37,8 @@ void check_gradients(const Case& c, uint64_t seed) {
   const test_cases::Inputs in = test_cases::make_inputs(c, seed);
   Tensor<double> q = mha::cast<double>(in.q), k = mha::cast<double>(in.k), v = mha::cast<double>(in.v);
   const Tensor<double> grad_out = mha::cast<double>(in.dout);
-  std::optional<Tensor<double>> additive;
-  const Options<double> opt = test_cases::options_of<double>(c, in, Backend::reference, additive);
+  test_cases::Held<double> held;
+  const Options<double> opt = test_cases::options_of<double>(c, in, Backend::reference, held);
 
   ForwardResult<double> fwd = sdpa_forward(q, k, v, opt);
   Gradients<double> g = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, grad_out, opt);

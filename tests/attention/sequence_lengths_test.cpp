@@ -86,8 +86,8 @@ Tensor<bool> dense_mask(const LengthsCase& lc, const Inputs& in) {
 template <class T>
 Results<T> run_call(const Case& c, const Inputs& in, Backend backend, const LengthsCase* lengths) {
   const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
-  std::optional<Tensor<T>> additive;
-  Options<T> opt = options_of<T>(c, in, backend, additive);
+  Held<T> held;
+  Options<T> opt = options_of<T>(c, in, backend, held);
   if (lengths && !lengths->query_lengths.empty())
     opt.query_lengths = View<const int64_t>(lengths->query_lengths.data(), {c.batch});
   if (lengths && !lengths->key_lengths.empty())
@@ -230,8 +230,8 @@ void check_query_block(Backend backend, Causal causal, int64_t r0, int64_t n) {
   const Results<T> whole = run_call<T>(c, in, backend, &lc);
 
   const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
-  std::optional<Tensor<T>> additive;
-  Options<T> opt = options_of<T>(c, in, backend, additive);
+  Held<T> held;
+  Options<T> opt = options_of<T>(c, in, backend, held);
   opt.query_lengths = View<const int64_t>(ql.data(), {3});
   opt.key_lengths = View<const int64_t>(kl.data(), {3});
   opt.whole_call = {r0, 0, 0, c.q_len, c.k_len, c.q_heads};

@@ -93,8 +93,8 @@ void check_views_match_tensors(const ViewCase& vc) {
   Tensor<bool> keys_full({B, Hq, L, S});
   for (int64_t i = 0; i < keys_full.numel(); ++i) keys_full[i] = keys[i % S];
 
-  std::optional<Tensor<T>> additive;
-  Options<T> opt = test_cases::options_of<T>(c, in, vc.backend, additive);
+  test_cases::Held<T> held;
+  Options<T> opt = test_cases::options_of<T>(c, in, vc.backend, held);
   opt.attend_mask = keys_full;
   const ForwardResult<T> want = sdpa_forward(q, k, v, opt);
   const Gradients<T> want_grads = sdpa_backward(q, k, v, want.output, want.logsumexp, dout, opt);

@@ -69,7 +69,7 @@ template <class T>
 struct Problem {
   test_cases::Inputs in;
   Tensor<T> q, k, v, dout;
-  std::optional<Tensor<T>> additive;
+  test_cases::Held<T> held;
   Options<T> options;
 
   Problem(const BlockCase& bc, uint64_t seed) : in(test_cases::make_inputs(bc.c, seed)) {
@@ -77,7 +77,7 @@ struct Problem {
     k = cast<T>(in.k);
     v = cast<T>(in.v);
     dout = cast<T>(in.dout);
-    options = test_cases::options_of<T>(bc.c, in, bc.backend, additive);
+    options = test_cases::options_of<T>(bc.c, in, bc.backend, held);
   }
   Problem(const Problem&) = delete;  // the options view the masks held here
   const Tensor<bool>& keep() const { return *in.attend; }

@@ -60,7 +60,7 @@ template <class T>
 struct Whole {
   attention::test_cases::Inputs in;
   Tensor<T> q, k, v, dout;
-  std::optional<Tensor<T>> additive;
+  attention::test_cases::Held<T> held;
   Options<T> options;
 
   explicit Whole(const CpCase& cp) : in(attention::test_cases::make_inputs(cp.c, 42)) {
@@ -68,7 +68,7 @@ struct Whole {
     k = cast<T>(in.k);
     v = cast<T>(in.v);
     dout = cast<T>(in.dout);
-    options = attention::test_cases::options_of<T>(cp.c, in, attention::Backend::automatic, additive);
+    options = attention::test_cases::options_of<T>(cp.c, in, attention::Backend::automatic, held);
   }
   Whole(const Whole&) = delete;  // the options view the masks held here
 };

@@ -115,11 +115,16 @@ void describe_fields(const Settings& settings, const std::string& prefix, std::s
   });
 }
 
+// Options<T>'s per-head views: ALiBi slopes absent, (Hq) or (B, Hq).
+enum class Slopes { none, heads, batch_heads };
+
 struct Case {
   int64_t batch = 1, q_heads = 2, kv_heads = 1, q_len = 7, k_len = 7, qk_dim = 8, v_dim = 8;
   MaskKind mask = MaskKind::none;
   Scoring scoring{.dropout_seed = 1234};
   bool need_weights = false;
+  bool sinks = false;  // Options::sinks, one logit per query head
+  Slopes alibi = Slopes::none;
 
   // The shapes, the mask and every Scoring field (so a new field shows in every test's trace).
   std::string describe() const {
@@ -128,6 +133,8 @@ struct Case {
                     " Dv" + std::to_string(v_dim) + " mask " + name_of(mask);
     describe_fields(scoring, "", s);
     if (need_weights) s += " need_weights";
+    if (sinks) s += " sinks";
+    if (alibi != Slopes::none) s += alibi == Slopes::heads ? " alibi(Hq)" : " alibi(B,Hq)";
     return s;
   }
 };
@@ -151,7 +158,7 @@ inline Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
 struct Inputs {
   Tensor<float> q, k, v, dout;
   std::optional<Tensor<bool>> attend;
-  std::optional<Tensor<float>> additive;
+  std::optional<Tensor<float>> additive, sinks, alibi_slopes;
 };
 
 inline Inputs make_inputs(const Case& c, uint64_t seed) {
@@ -206,6 +213,18 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
     case MaskKind::additive_full: in.additive = additive({B, H, L, S}); break;
     case MaskKind::count: break;
   }
+  // Sinks around the scores' size (normal, spread 2), one of them −inf (no sink) when there are
+  // several heads; ALiBi slopes in (0, 1) as Bloom's 2^(−8h/H) are, one negative.
+  if (c.sinks) {
+    in.sinks = random_tensor({H}, gen);
+    for (auto& x : in.sinks->values()) x *= 2;
+    if (H > 2) (*in.sinks)[1] = -kInf;
+  }
+  if (c.alibi != Slopes::none) {
+    in.alibi_slopes = Tensor<float>(c.alibi == Slopes::heads ? Shape{H} : Shape{B, H});
+    for (auto& x : in.alibi_slopes->values()) x = static_cast<float>(gen.uniform());
+    (*in.alibi_slopes)[0] = -0.25f;
+  }
   return in;
 }
 
@@ -215,15 +234,29 @@ struct Results {
   Gradients<T> grads;
 };
 
-// The case's options on `backend`; `additive` keeps the mask in T alive for the call.
+// The inputs' tensors in T that the options view (the additive mask, sinks, slopes), kept alive for
+// the call.
 template <class T>
-Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::optional<Tensor<T>>& additive) {
-  additive.reset();
-  if (in.additive) additive = mha::cast<T>(*in.additive);
+struct Held {
+  std::optional<Tensor<T>> additive, sinks, alibi_slopes;
+};
+
+// The case's options on `backend`, viewing `held`.
+template <class T>
+Options<T> options_of(const Case& c, const Inputs& in, Backend backend, Held<T>& held) {
+  auto hold = [](const std::optional<Tensor<float>>& from, std::optional<Tensor<T>>& to) {
+    to.reset();
+    if (from) to = mha::cast<T>(*from);
+  };
+  hold(in.additive, held.additive);
+  hold(in.sinks, held.sinks);
+  hold(in.alibi_slopes, held.alibi_slopes);
   Options<T> opt;
   static_cast<Scoring&>(opt) = c.scoring;
   if (in.attend) opt.attend_mask = *in.attend;
-  if (additive) opt.additive_mask = *additive;
+  if (held.additive) opt.additive_mask = *held.additive;
+  if (held.sinks) opt.sinks = *held.sinks;
+  if (held.alibi_slopes) opt.alibi_slopes = *held.alibi_slopes;
   opt.need_weights = c.need_weights;
   opt.backend = backend;
   return opt;
@@ -231,23 +264,23 @@ Options<T> options_of(const Case& c, const Inputs& in, Backend backend, std::opt
 
 template <class T>
 ForwardResult<T> run_forward(const Case& c, const Inputs& in, Backend backend) {
-  std::optional<Tensor<T>> additive;
-  const Options<T> opt = options_of<T>(c, in, backend, additive);
+  Held<T> held;
+  const Options<T> opt = options_of<T>(c, in, backend, held);
   return sdpa_forward(mha::cast<T>(in.q), mha::cast<T>(in.k), mha::cast<T>(in.v), opt);
 }
 
 template <class T>
 Results<T> run(const Case& c, const Inputs& in, Backend backend) {
   const Tensor<T> q = mha::cast<T>(in.q), k = mha::cast<T>(in.k), v = mha::cast<T>(in.v), dout = mha::cast<T>(in.dout);
-  std::optional<Tensor<T>> additive;
-  const Options<T> opt = options_of<T>(c, in, backend, additive);
+  Held<T> held;
+  const Options<T> opt = options_of<T>(c, in, backend, held);
   ForwardResult<T> fwd = sdpa_forward(q, k, v, opt);
   Gradients<T> grads = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, dout, opt);
   return {std::move(fwd), std::move(grads)};
 }
 
-// The sweeps' variety: masks (none to both), causality, GQA heads, dropout, scale and sliding
-// windows cycle with the case number, so that each appears with short, ragged and long sequences.
+// The sweeps' variety: masks (none to both), causality, GQA heads, dropout, scale, sliding
+// windows, soft-caps, sinks and ALiBi slopes cycle with the case number, so that each appears with short, ragged and long sequences.
 inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int64_t>* heads, int head_choices) {
   c.batch = 1 + case_number % 2;
   std::tie(c.q_heads, c.kv_heads) = heads[case_number % head_choices];
@@ -263,6 +296,12 @@ inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int6
     c.scoring.window_right = 5;
   }
   if (case_number % 11 == 9) c.scoring.window_left = c.scoring.window_right = 0;
+  // Soft-cap (one tight enough to bend most scores), sinks, ALiBi of both shapes.
+  if (case_number % 13 == 5) c.scoring.softcap = 1.5;
+  if (case_number % 13 == 10) c.scoring.softcap = 30;
+  c.sinks = case_number % 4 == 1;
+  if (case_number % 9 == 2) c.alibi = Slopes::heads;
+  if (case_number % 9 == 6) c.alibi = Slopes::batch_heads;
 }
 
 // A contiguous copy of a view (any strides).
@@ -330,6 +369,7 @@ inline void check_against_reference(Backend backend, const Case& c, uint64_t see
   rule.expect(got.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
   rule.expect(got.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
   rule.expect(got.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
+  if (c.sinks) rule.expect(*got.grads.grad_sinks, *ref32.grads.grad_sinks, *ref64.grads.grad_sinks, "grad_sinks");
   if (c.need_weights) rule.expect(*got.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
 }
 

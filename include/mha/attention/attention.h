@@ -1,11 +1,14 @@
 #pragma once
 // Scaled dot-product attention, forward and backward, dispatched to a backend.
 //
-//   scores  = scale · q kᵀ + additive_mask, −inf where attend_mask is false or causal hides
-//   P       = softmax(scores) per row; a row whose scores are all −inf gives P = 0 (output 0,
-//             gradient 0, never NaN), as PyTorch's SDPA does
+//   scores  = cap(scale · q kᵀ) + additive_mask + ALiBi, −inf where attend_mask is false or
+//             causality, the window or the sequence's lengths hide the key (cap: Scoring::softcap)
+//   P       = softmax(scores) per row, the row's sink logit joining the denominator (Options::sinks);
+//             a row whose scores are all −inf gives P = 0 (output 0, gradient 0, never NaN), as
+//             PyTorch's SDPA does
 //   output  = dropout(P) v
-//   logsumexp[i] = log Σ_j exp(scores_ij) (−inf for a fully masked row): all backward needs.
+//   logsumexp[i] = log(Σ_j exp(scores_ij) + exp(sink)) (−inf for a fully masked row without a
+//             sink; the sink alone for a fully masked row with one): all backward needs.
 //             Kept in double whatever T is: with a large finite mask fill (−1e9) the row
 //             maximum m dwarfs log Σ exp(s − m), which a float would round away, and then
 //             backward's exp(s − logsumexp) would be up to S times too large.
@@ -28,6 +31,7 @@ struct Gradients {
   Tensor<T> grad_query;  // (B, Hq, L, Dqk)
   Tensor<T> grad_key;    // (B, Hkv, S, Dqk)
   Tensor<T> grad_value;  // (B, Hkv, S, Dv)
+  std::optional<Tensor<T>> grad_sinks;  // (Hq), when options.sinks is given
 };
 
 // Checks every shape and option (mha::Error naming the argument) and runs options.backend.
@@ -62,9 +66,12 @@ struct GradientOutputs {
   View<T> grad_query;  // (B, Hq, L, Dqk)
   View<T> grad_key;    // (B, Hkv, S, Dqk)
   View<T> grad_value;  // (B, Hkv, S, Dv)
-  // Add the gradients to what the three outputs hold instead of overwriting them (blocks of a
+  // Add the gradients to what the outputs hold instead of overwriting them (blocks of a
   // longer sequence summing into one accumulator, Options::whole_call).
   bool accumulate = false;
+  // (Hq): the gradient of options.sinks, summed over the batch and the rows; may be absent (not
+  // computed) when options.sinks is given, and must be absent when it is not.
+  View<T> grad_sinks;
 };
 
 template <class T>

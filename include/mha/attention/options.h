@@ -79,6 +79,9 @@ struct Scoring {
   // Face's sliding_window = W is (W − 1, 0) with causality. A row's keys outside the window cost
   // nothing: the backends walk only the keys a block of queries sees.
   int64_t window_left = -1, window_right = -1;
+  // Logit soft-capping (Gemma 2; FlashAttention's softcap): scale·q·k becomes c·tanh(scale·q·k / c)
+  // before anything is added to it (masks, ALiBi); 0 = none, else a finite c > 0.
+  double softcap = 0.0;
 
   bool operator==(const Scoring&) const = default;
   // Every field, in order, as (name, member pointer): the one list that the argument checks
@@ -93,6 +96,7 @@ struct Scoring {
     v("whole_call", &Scoring::whole_call);
     v("window_left", &Scoring::window_left);
     v("window_right", &Scoring::window_right);
+    v("softcap", &Scoring::softcap);
   }
 };
 
@@ -114,10 +118,28 @@ struct Options : Scoring {
   // at its sequence's length, where a mask would be read key by key.
   View<const int64_t> query_lengths;
   View<const int64_t> key_lengths;
+  // Attention sinks (gpt-oss's s_aux): one logit per query head of the call, (Hq), that joins the
+  // denominator of every row's softmax and is left out of the output: P_ij = exp(s_ij − lse_i) with
+  // lse_i = log(exp(sink_h) + Σ_j exp(s_ij)), which the logsumexp returned includes. Not scaled,
+  // not soft-capped; −inf is no sink. A call that is a block of the whole call's keys
+  // (whole_call.key_offset > 0) leaves the sink to the block that holds key 0, so blocks merged by
+  // log-sum-exp count it once. Its gradient: Gradients::grad_sinks, GradientOutputs::grad_sinks.
+  View<const T> sinks;
+  // ALiBi (FlashAttention-2's alibi_slopes): (Hq) or (B, Hq) slopes; score (b, h, i, j) gets
+  //   −slope[b, h] · |i + diagonal − j|
+  // added after soft-capping, at the whole call's positions, with the diagonal of the causal
+  // alignment (causal_diagonal). Under causality every visible key has j <= i + diagonal, and Bloom's
+  // key-position form slope·j differs from it by a constant per row, which softmax ignores.
+  View<const T> alibi_slopes;
   // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
   bool need_weights = false;
   Backend backend = Backend::automatic;
 };
+
+// Query i's own key is key i + causal_diagonal(...) (of a sequence of query_len queries and key_len
+// keys): 0 for top-left causality, key_len − query_len otherwise (bottom-right, FlashAttention's
+// alignment, also without causality). Windows and ALiBi distances are measured from it.
+int64_t causal_diagonal(const Scoring& s, int64_t query_len, int64_t key_len);
 
 // The keys [begin, end) a query may see. Empty when end <= begin.
 struct KeyRange {

@@ -4,7 +4,8 @@
 // factors, O = (P∘Z)·V and upstream dO:
 //   dV = (P∘Z)ᵀ·dO
 //   dP = (dO·Vᵀ)∘Z
-//   dS = P∘(dP − D),  D_i = Σ_j P_ij dP_ij  (= dO_i·O_i in exact arithmetic)
+//   dS = P∘(dP − D)∘cap',  D_i = Σ_j P_ij dP_ij  (= dO_i·O_i in exact arithmetic); cap' the
+//        soft-cap's derivative (1 without one), P normalised with the row's sink, if any
 //   dQ = scale·dS·K,  dK = scale·dSᵀ·Q
 //
 // D_i is summed from the very P and dP that dS then uses, as the reference does, and divided by
@@ -123,23 +124,25 @@ struct Scratch {
   // One block of query rows × the segment's keys, and the block's A operands: scale·Q for
   // S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
   Buffer<float> probs, dprobs, bias, factors, q_scaled, qt, dot, dq, delta, lse_hi, lse_lo, renorm;
-  Buffer<double> row_dot, row_mass;
+  Buffer<double> row_dot, row_mass, mass;
   Buffer<int64_t> first, end;
+  Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
 
-  Scratch(const Plan& n, bool masked, bool dropout)
+  Scratch(const Plan& n, bool masked, bool dropout, bool softcapped)
       : kt_packed(n.segment_padded * n.Dqk, uninitialized), vt_packed(n.segment_padded * n.Dv, uninitialized),
         k_packed(n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
         probs(n.Br * n.key_stride), dprobs(n.Br * n.key_stride), bias(masked ? n.Br * n.key_stride : 0),
         factors(dropout ? n.Br * n.key_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
-        row_dot(n.Br), row_mass(n.Br), first(n.Br), end(n.Br) {}
+        row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br),
+        cap_slope(softcapped ? n.Br * n.key_stride : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
   // The tile scratch of the block's columns from c0 on.
   TileScratch tile(size_t c0) {
-    return {bias.size() ? bias.data() + c0 : nullptr, factors.size() ? factors.data() + c0 : nullptr, first.data(),
-            end.data()};
+    return {bias.size() ? bias.data() + c0 : nullptr, factors.size() ? factors.data() + c0 : nullptr,
+            cap_slope.size() ? cap_slope.data() + c0 : nullptr, first.data(), end.data()};
   }
   bool fully_masked(size_t r) const { return lse_hi[r] == std::numeric_limits<float>::infinity(); }  // split_logsumexp
 };
@@ -156,7 +159,7 @@ class Backward {
   void run() {
 #pragma omp parallel
     {
-      Scratch s(n_, additions_.present(), p_.dropout());
+      Scratch s(n_, additions_.present(), p_.dropout(), p_.softcapped());
       for (int sweep = n_.two_sweeps && !n_.partial ? 0 : 1; sweep < 2; ++sweep) {
         const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
         for (int64_t seg = 0; seg < n_.segments; ++seg) {
@@ -247,13 +250,24 @@ class Backward {
     }
   }
 
+  // exp(sink − logsumexp) of row (b, h, i): the sink's probability, 0 without one.
+  double sink_probability(int64_t b, int64_t h, int64_t i) const {
+    const double sink = a_.sinks.of(b, h);
+    return sink == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(sink - *a_.logsumexp.row(b, h, i));
+  }
+
   // D and the renormalising factors of the block's rows; true when some row is renormalised.
   bool row_constants(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, const double* dots,
                      const double* masses) {
     // D = Σ_j P dP / Σ_j P: P = exp(s − lse) sums to 1 only up to the rounding of lse and of each
     // exp; dividing by the actual sum makes Σ_j dS_ij = Σ_j P dP − D·Σ_j P vanish to rounding
     // whatever that sum is (a fully masked row has both sums 0: D = 0).
-    for (size_t r = 0; r < rows; ++r) s.delta[r] = masses[r] > 0 ? static_cast<float>(dots[r] / masses[r]) : 0.0f;
+    // A sink (Options::sinks) is one more term of the row's P, whose dP is 0: its P joins the sum
+    // of P (the mass) and nothing else.
+    for (size_t r = 0; r < rows; ++r) {
+      s.mass[r] = masses[r] + sink_probability(b, h, i0 + static_cast<int64_t>(r));
+      s.delta[r] = s.mass[r] > 0 ? static_cast<float>(dots[r] / s.mass[r]) : 0.0f;
+    }
     // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
     // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
     if (n_.partial) {
@@ -271,8 +285,8 @@ class Backward {
     bool renormalizing = false;
     for (size_t r = 0; r < rows; ++r) {
       const bool renormalize =
-          logsumexp_needs_renormalizing(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r))) && masses[r] > 0;
-      s.renorm[r] = renormalize ? static_cast<float>(1.0 / masses[r]) : 1.0f;
+          logsumexp_needs_renormalizing(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r))) && s.mass[r] > 0;
+      s.renorm[r] = renormalize ? static_cast<float>(1.0 / s.mass[r]) : 1.0f;
       renormalizing = renormalizing || renormalize;
     }
     return renormalizing;
@@ -299,7 +313,8 @@ class Backward {
       float* block_probs = s.probs.data() + c0;
       float* block_ds = s.dprobs.data() + c0;
       score_gradients_tile(block_probs, block_ds, ks, rows, cols, s.delta.data(),
-                           p_.dropout() ? s.factors.data() + c0 : nullptr, renormalizing ? s.renorm.data() : nullptr);
+                           p_.dropout() ? s.factors.data() + c0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
+                           p_.softcapped() ? s.cap_slope.data() + c0 : nullptr);
       multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ks, W}, {s.dvt(n_) + c0, ks}, true);
       multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ks, W}, {s.dkt() + c0, ks}, true);
       multiply(rows, Dqk, cols, {block_ds, ks}, {s.k_packed.data() + c0 * W, W, seg_keys * W},

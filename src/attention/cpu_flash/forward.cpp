@@ -1,7 +1,7 @@
 // cpu_flash forward: FlashAttention-2's loop, one task per block of query rows.
 //
 //   for each block of Br queries (a task):
-//     m = −inf, l = 0, O = 0                                     (per row)
+//     m = −inf, l = 0, O = 0        (per row; with a sink: m = sink, l = 1)
 //     for each block of Bc keys the block can see:
 //       S = scale·Q·Kᵀ + masks                                   (Br × Bc, never more)
 //       m' = max(m, rowmax S);  P = exp(S − m');  l = e^(m − m')·l + rowsum P
@@ -52,7 +52,10 @@ struct Scratch {
         first(kForwardQueries),
         end(kForwardQueries) {}
 
-  TileScratch tile() { return {bias.size() ? bias.data() : nullptr, factors.size() ? factors.data() : nullptr, first.data(), end.data()}; }
+  TileScratch tile() {
+    return {bias.size() ? bias.data() : nullptr, factors.size() ? factors.data() : nullptr, nullptr, first.data(),
+            end.data()};
+  }
 };
 
 // Queries [i0, i0 + rows) of (b, h): the online softmax over the key blocks they see, then the
@@ -61,8 +64,10 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
                          const PackedKv& kv, Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) {
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim), S = to_size(p.key_len);
   const size_t W = panel_width(), Bc = kForwardKeys, dv_padded = s.dv_padded;
-  std::fill(s.row_max.data(), s.row_max.data() + rows, -std::numeric_limits<float>::infinity());
-  std::fill(s.row_sum.data(), s.row_sum.data() + rows, 0.0);
+  // The row state before any key: m = −inf, l = 0, or the sink's logit with its term, m = sink, l = 1.
+  const float sink = static_cast<float>(a.sinks.of(b, h));
+  std::fill(s.row_max.data(), s.row_max.data() + rows, sink);
+  std::fill(s.row_sum.data(), s.row_sum.data() + rows, sink == -std::numeric_limits<float>::infinity() ? 0.0 : 1.0);
   std::fill(s.out.data(), s.out.data() + rows * dv_padded, 0.0f);
   for (size_t r = 0; r < rows; ++r) {  // scale·Q, scaled once for every key block
     const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
@@ -91,7 +96,8 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   });
 
   // 2. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
-  // nothing has l = 0 (its scores were all −inf): O = 0, logsumexp = −inf. A NaN score left
+  // nothing has l = 0 (its scores were all −inf): O = 0, logsumexp = −inf (with a sink, l = 1:
+  // O = 0, logsumexp = the sink). A NaN score left
   // l = NaN (whatever m is), so O and logsumexp are NaN. Otherwise l >= 1 (the maximum's
   // own term).
   for (size_t r = 0; r < rows; ++r) {

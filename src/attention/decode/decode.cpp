@@ -145,7 +145,8 @@ void decode_chunk(const Problem& p, const ScoreAdditions<float>& additions, cons
       }
       // Consecutive rows may belong to different query heads.
       const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
-                                       s.factors.size() ? s.factors.data() : nullptr, s.first.data(), s.end.data()};
+                                       s.factors.size() ? s.factors.data() : nullptr, nullptr, s.first.data(),
+                                       s.end.data()};
       const tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
                                                   [&](size_t r) { return n.row(kv, r0 + r); });
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
@@ -160,17 +161,20 @@ void decode_chunk(const Problem& p, const ScoreAdditions<float>& additions, cons
 
 // The merge of row x (of B·Hkv·R), chunks in order (see decode.h). A chunk whose keys the row
 // cannot see left l = 0 and adds nothing; a row that saw nothing at all gets output 0 and
-// logsumexp −inf; a NaN anywhere in a row's sums makes its row NaN.
+// logsumexp −inf (or the sink's logit); a NaN anywhere in a row's sums makes its row NaN.
 template <class Kv>
 void merge_chunks(const ForwardArgs<float, Kv>& a, const Plan& n, const Partials& part, Scratch& s, int64_t x) {
   const int64_t bkv = x / static_cast<int64_t>(n.R), b = bkv / n.Hkv, kv = bkv % n.Hkv;
   const size_t r = to_size(x % static_cast<int64_t>(n.R));
   const auto [h, i] = n.row(kv, r);
   auto slot = [&](int64_t c) { return to_size(bkv * n.chunks + c) * n.R + r; };
-  float row_max = -std::numeric_limits<float>::infinity();
+  // The sink (Options::sinks), if any, is one more partial: max = sink, sum = 1, output 0.
+  const double sink = a.sinks.of(b, h);
+  const bool has_sink = sink != -std::numeric_limits<double>::infinity();
+  float row_max = static_cast<float>(sink);
   for (int64_t c = 0; c < n.chunks; ++c)
     if (part.sum[slot(c)] != 0.0) row_max = std::max(row_max, part.max[slot(c)]);
-  double total = 0.0;
+  double total = has_sink ? std::exp(sink - row_max) : 0.0;
   for (int64_t c = 0; c < n.chunks; ++c)
     if (part.sum[slot(c)] != 0.0) total += std::exp(static_cast<double>(part.max[slot(c)]) - row_max) * part.sum[slot(c)];
   float* out = a.output.row(b, h, i);

@@ -77,16 +77,32 @@ HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -80.0f)), hn::Mul(poly, two_to_n));
 }
 
-// The scores of columns [c0, c0 + N) of one row: q·k (already scaled) + bias, plus −inf in
+// The soft-cap's vector twin of the reference's c·tanh(x / c) (Scoring::softcap): Highway's Tanh
+// (which maps NaN to ±1, so a NaN is passed through as the reference's std::tanh passes it).
+HWY_INLINE VF TanhOfScaled(DF d, VF x, float cap) {
+  const VF t = hn::Tanh(d, hn::Mul(x, hn::Set(d, 1.0f / cap)));
+  return hn::IfThenElse(hn::IsNaN(x), x, t);
+}
+HWY_INLINE VF Capped(DF d, VF x, float cap) { return hn::Mul(hn::Set(d, cap), TanhOfScaled(d, x, cap)); }
+
+// What the row's scores at columns [c0, c0 + N) are before the key range: cap(q·k) + bias.
+HWY_INLINE VF Scores(DF d, const ScoreTile& t, const float* s, const float* bias, size_t c0) {
+  VF x = hn::LoadU(d, s + c0);
+  if (t.softcap > 0.0f) x = Capped(d, x, t.softcap);
+  return bias ? hn::Add(x, hn::LoadU(d, bias + c0)) : x;
+}
+
+// The scores of columns [c0, c0 + N) of one row: cap(q·k) (already scaled) + bias, plus −inf in
 // the columns outside [first, end) (hidden by the key range, added as the reference adds it, so a
 // NaN stays NaN), and exactly −inf in the lanes beyond `cols` (padding, which then weighs
 // nothing).
-HWY_INLINE VF EdgeScores(DF d, const float* s, const float* bias, size_t c0, size_t first, size_t end, size_t cols) {
+HWY_INLINE VF EdgeScores(DF d, const ScoreTile& t, const float* s, const float* bias, size_t c0, size_t first,
+                         size_t end) {
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  VF x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
+  VF x = Scores(d, t, s, bias, c0);
   const auto visible = hn::AndNot(hn::FirstN(d, first > c0 ? first - c0 : 0), hn::FirstN(d, end > c0 ? end - c0 : 0));
   x = hn::IfThenElse(visible, x, hn::Add(x, neg_inf));
-  return hn::IfThenElse(hn::FirstN(d, cols - c0), x, neg_inf);
+  return hn::IfThenElse(hn::FirstN(d, t.cols - c0), x, neg_inf);
 }
 
 // Columns [first, end) of row r are visible (first <= end <= cols).
@@ -110,15 +126,15 @@ HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
   const Visible v = VisibleColumns(t, r);
   VF max0 = hn::Set(d, -std::numeric_limits<float>::infinity()), max1 = max0;
   auto edge = [&](size_t c0) {
-    const VF x = EdgeScores(d, s, bias, c0, v.first, v.end, t.cols);
+    const VF x = EdgeScores(d, t, s, bias, c0, v.first, v.end);
     hn::StoreU(x, d, s + c0);
     max0 = hn::Max(max0, x);
   };
   size_t c0 = 0;
   for (; c0 < v.first; c0 += N) edge(c0);  // vectors that reach below the first visible column
-  if (bias) {
+  if (bias || t.softcap > 0.0f) {
     for (; c0 + N <= v.end; c0 += N) {
-      const VF x = hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0));
+      const VF x = Scores(d, t, s, bias, c0);
       hn::StoreU(x, d, s + c0);
       max0 = hn::Max(max0, x);
     }
@@ -199,22 +215,33 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
     float* dp = dprob ? dprob + r * t.stride : nullptr;
     const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
     const size_t padded = (t.cols + N - 1) / N * N;
+    float* slope = dp && t.cap_slope ? t.cap_slope + r * t.stride : nullptr;
     if (lse_hi[r] == std::numeric_limits<float>::infinity()) {  // fully masked row: P = 0
       std::fill(s, s + padded, 0.0f);
       if (dp) std::fill(dp, dp + padded, 0.0f);
+      if (slope) std::fill(slope, slope + padded, 0.0f);
       continue;
+    }
+    // With cap_slope: the row soft-capped in place first, cap' = 1 − tanh² beside it (0 past
+    // cols), so that the loop below reads capped scores (u, without the soft-cap).
+    ScoreTile u = t;
+    if (slope) {
+      const VF cap = hn::Set(d, t.softcap);
+      for (size_t c0 = 0; c0 < padded; c0 += N) {
+        const VF tanh = TanhOfScaled(d, hn::LoadU(d, s + c0), t.softcap);
+        hn::StoreU(hn::Mul(cap, tanh), d, s + c0);
+        const VF derivative = hn::NegMulAdd(tanh, tanh, hn::Set(d, 1.0f));
+        hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, t.cols - c0), derivative), d, slope + c0);
+      }
+      u.softcap = 0.0f;
     }
     const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
     const Visible v = VisibleColumns(t, r);
     const VF hi = hn::Set(d, lse_hi[r]), lo = hn::Set(d, lse_lo[r]);
     VF dot = hn::Zero(d), mass = hn::Zero(d);
     for (size_t c0 = 0; c0 < padded; c0 += N) {
-      VF x;
-      if (c0 >= v.first && c0 + N <= v.end) {
-        x = bias ? hn::Add(hn::LoadU(d, s + c0), hn::LoadU(d, bias + c0)) : hn::LoadU(d, s + c0);
-      } else {
-        x = EdgeScores(d, s, bias, c0, v.first, v.end, t.cols);
-      }
+      const VF x = c0 >= v.first && c0 + N <= v.end ? Scores(d, u, s, bias, c0)
+                                                    : EdgeScores(d, u, s, bias, c0, v.first, v.end);
       // (s − hi) is exact when s is within a factor 2 of hi (Sterbenz), which covers every
       // score that matters when |lse| is huge; lo then carries the part a float lse would lose.
       VF prob = ExpOfNonPositive(d, hn::Sub(hn::Sub(x, hi), lo));
@@ -237,7 +264,7 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
 }
 
 void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                        const float* dropout, const float* renormalize) {
+                        const float* dropout, const float* renormalize, const float* cap_slope) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const size_t padded = (cols + N - 1) / N * N;
@@ -250,7 +277,9 @@ void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, 
     for (size_t c0 = 0; c0 < padded; c0 += N) {
       VF prob = hn::LoadU(d, p + c0);
       if (scaled) prob = hn::Mul(prob, row_scale);
-      hn::StoreU(hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta)), d, g + c0);
+      VF ds = hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta));
+      if (cap_slope) ds = hn::Mul(ds, hn::LoadU(d, cap_slope + r * stride + c0));
+      hn::StoreU(ds, d, g + c0);
       if (dropout) {
         hn::StoreU(hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0)), d, p + c0);
       } else if (scaled) {

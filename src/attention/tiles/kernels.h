@@ -32,14 +32,19 @@ using panel_gemm::PanelsB;
 //   first_visible, end_visible
 //            per row, the columns [first, end) the query sees (the others get −inf added; values
 //            outside [0, cols] are clamped), or both null when every column is visible;
-//   dropout  the dropout factor of each probability (0 or 1/(1 − p)), or null when p = 0.
+//   dropout  the dropout factor of each probability (0 or 1/(1 − p)), or null when p = 0;
+//   softcap  c > 0: q·k becomes c·tanh(q·k / c) before the bias is added (Scoring::softcap), or 0;
+//   cap_slope  with a soft-cap, where probabilities_tile writes cap' = 1 − tanh²(q·k / c) for the
+//            backward (score_gradients_tile), or null.
 struct ScoreTile {
   float* scores;  // in: scale·q·k; out: probabilities. Rows have room for cols rounded up to W.
   size_t stride, rows, cols;  // rows <= 256 (online_softmax_tile keeps per-row scratch on the stack)
   const float* bias = nullptr;
   const int64_t* first_visible = nullptr;
   const int64_t* end_visible = nullptr;
-  const float* dropout = nullptr;  // bias and dropout share `stride` with the scores
+  const float* dropout = nullptr;  // bias, dropout and cap_slope share `stride` with the scores
+  float softcap = 0.0f;
+  float* cap_slope = nullptr;
 };
 
 // One step of the online softmax over a block of keys (forward). Per row r, with
@@ -60,16 +65,18 @@ void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum,
 //   dprob null (the weights): the tile becomes P ∘ dropout.
 //   dprob given (backward, dprob holding dP = dO·Vᵀ): the tile becomes P, dprob becomes
 //     dP ∘ dropout, row_dot[r] += Σ_c P ∘ dP ∘ dropout and row_mass[r] += Σ_c P: these
-//     columns' parts of the sums that make D_r (backward.cpp).
+//     columns' parts of the sums that make D_r (backward.cpp); and cap_slope, when given, cap'
+//     (0 in a fully masked row and past cols).
 void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float* lse_lo, float* dprob,
                         double* row_dot, double* row_mass);
 
-// dS = P ∘ (dP − D_r), written over dprob (which holds dP ∘ dropout), then P ← P ∘ dropout when
-// dropout is not null. Row stride `stride` for all three tiles. With `renormalize` given, row r's
+// dS = P ∘ (dP − D_r) ∘ cap_slope (cap_slope: the soft-cap's derivative, or null for none),
+// written over dprob (which holds dP ∘ dropout), then P ← P ∘ dropout when dropout is not null.
+// Row stride `stride` for all four tiles. With `renormalize` given, row r's
 // P is first multiplied by renormalize[r] (rows whose P from logsumexp must be divided by its sum,
 // backward.cpp), and P is rewritten even without dropout.
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                          const float* dropout, const float* renormalize);
+                          const float* dropout, const float* renormalize, const float* cap_slope);
 
 // factor[r][c] = kept if dropout_keep(seed, batch_head, i0 + r, j0 + c, p) (mha/core/random.h)
 // else 0, for r < rows, c < cols: the same Philox bits as the reference, N elements at a time.

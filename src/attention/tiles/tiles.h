@@ -56,10 +56,12 @@ constexpr int64_t kKeyAlign = 64;
 inline int64_t key_walk_start(const KeyRange& keys) { return keys.begin / kKeyAlign * kKeyAlign; }
 
 // Where make_tile writes a tile's additions: bias and dropout rows share the scores' stride (null
-// when the problem has no masks, no dropout); first and end hold one entry per row.
+// when the problem has no additions, no dropout); first and end hold one entry per row; cap_slope
+// (the backward's, with a soft-cap) is where probabilities_tile writes the soft-cap's derivative.
 struct TileScratch {
   float* bias = nullptr;
   float* dropout = nullptr;
+  float* cap_slope = nullptr;  // the backward's, with a soft-cap
   int64_t* first = nullptr;
   int64_t* end = nullptr;
 };
@@ -69,7 +71,8 @@ struct TileScratch {
 //   bias     ScoreAdditions' masks part at (b, h, i, j), when there are masks;
 //   edges    each row's visible key range (Problem::visible_keys) as columns [first, end), when
 //            some row does not see the whole tile;
-//   dropout  each probability's factor, 0 or 1/(1 − p), at the whole call's positions.
+//   dropout  each probability's factor, 0 or 1/(1 − p), at the whole call's positions;
+//   softcap  Scoring::softcap, which the kernels apply to q·k (and cap_slope for its derivative).
 // cpu_flash's rows are consecutive queries of one head; decode's run through a GQA group's heads.
 template <class RowOf>
 ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, const TileScratch& scratch,
@@ -81,7 +84,7 @@ ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, co
   for (size_t r = 0; r < rows; ++r) {
     const auto [h, i] = row_of(r);
     if (scratch.bias) {
-      const auto masks = additions.row(b, h, i);
+      const auto masks = additions.row(p, b, h, i);
       float* bias = scratch.bias + r * stride;
       for (size_t c = 0; c < cols; ++c) bias[c] = masks(j0 + static_cast<int64_t>(c));
     }
@@ -95,6 +98,8 @@ ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, co
   }
   t.bias = scratch.bias;
   t.dropout = scratch.dropout;
+  t.softcap = static_cast<float>(p.settings.softcap);
+  t.cap_slope = scratch.cap_slope;
   if (edges) {
     t.first_visible = scratch.first;
     t.end_visible = scratch.end;
