@@ -82,16 +82,47 @@ WholeCall whole_call(WholeCall w, const Problem& p) {
   return w;
 }
 
-// Options::query_lengths or key_lengths: absent, or (B) with every length in [0, whole].
-SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t batch, int64_t whole, const char* name) {
+// Options::query_lengths or key_lengths: absent, or one per sequence with sequence b's in
+// [0, whole(b)].
+template <class Whole>
+SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t sequences, const char* name, Whole whole) {
   if (!lengths.defined()) return {};
-  check(lengths.dim() == 1 && lengths.size(0) == batch, name, ": expected a 1-D tensor of ", batch,
+  check(lengths.dim() == 1 && lengths.size(0) == sequences, name, ": expected a 1-D tensor of ", sequences,
         " lengths (one per sequence), got shape ", lengths.shape());
-  for (int64_t b = 0; b < batch; ++b) {
+  for (int64_t b = 0; b < sequences; ++b) {
     const int64_t n = lengths.data()[b * lengths.stride(0)];
-    check(n >= 0 && n <= whole, name, ": expected lengths in [0, ", whole, "], got ", n, " for sequence ", b);
+    check(n >= 0 && n <= whole(b), name, ": expected lengths in [0, ", whole(b), "], got ", n, " for sequence ", b);
   }
   return {lengths.data(), lengths.stride(0)};
+}
+
+// Options::cu_seqlens_q / cu_seqlens_k: both or neither; N + 1 offsets each, from 0, non-decreasing,
+// to L and S; batch 1, and the call not a block of a larger one.
+template <class T>
+detail::PackedSequences packed_sequences(const Options<T>& options, const Problem& p) {
+  const View<const int64_t>& q = options.cu_seqlens_q;
+  const View<const int64_t>& k = options.cu_seqlens_k;
+  check(q.defined() == k.defined(), "cu_seqlens_q, cu_seqlens_k: expected both (packed sequences) or neither, got ",
+        q.defined() ? "cu_seqlens_q only" : "cu_seqlens_k only");
+  if (!q.defined()) return {};
+  check(p.batch == 1, "query: expected batch size 1 with cu_seqlens (the sequences packed along L and S), got ", p.batch);
+  check(options.whole_call == WholeCall{}, "options.whole_call: expected the default with cu_seqlens (a packed call is "
+        "not a block of a larger one)");
+  check(q.dim() == 1 && q.size(0) >= 1 && k.dim() == 1 && k.size(0) == q.size(0),
+        "cu_seqlens_q, cu_seqlens_k: expected two 1-D tensors of N + 1 offsets (N sequences), got shapes ", q.shape(),
+        " and ", k.shape());
+  auto check_offsets = [](const View<const int64_t>& cu, int64_t total, const char* name, const char* dim) {
+    const int64_t n = cu.size(0);
+    auto at = [&](int64_t s) { return cu.data()[s * cu.stride(0)]; };
+    check(at(0) == 0, name, ": expected to start at 0, got ", at(0));
+    for (int64_t s = 0; s + 1 < n; ++s)
+      check(at(s + 1) >= at(s), name, ": expected non-decreasing offsets, got ", at(s + 1), " after ", at(s),
+            " at index ", s + 1);
+    check(at(n - 1) == total, name, ": expected to end at ", dim, " = ", total, " (the packed total), got ", at(n - 1));
+  };
+  check_offsets(q, p.query_len, "cu_seqlens_q", "L");
+  check_offsets(k, p.key_len, "cu_seqlens_k", "S");
+  return {q.data(), k.data(), q.stride(0), k.stride(0), q.size(0) - 1};
 }
 
 template <class T>
@@ -137,8 +168,15 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
           q);
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.qk_head_dim));
   }
-  p.query_lengths = sequence_lengths(options.query_lengths, p.batch, s.whole_call.query_len, "query_lengths");
-  p.key_lengths = sequence_lengths(options.key_lengths, p.batch, s.whole_call.key_len, "key_lengths");
+  p.packed = packed_sequences(options, p);
+  // One length per sequence (b, or packed), each at most the sequence's own.
+  const int64_t sequences = p.sequences();
+  p.query_lengths = sequence_lengths(options.query_lengths, sequences, "query_lengths", [&](int64_t b) {
+    return p.packed.present() ? p.packed.q(b + 1) - p.packed.q(b) : s.whole_call.query_len;
+  });
+  p.key_lengths = sequence_lengths(options.key_lengths, sequences, "key_lengths", [&](int64_t b) {
+    return p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len;
+  });
   return p;
 }
 
@@ -146,11 +184,12 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
 template <class T>
 detail::HeadValues<T> head_values(const View<const T>& v, const Problem& p, bool per_batch, const char* name) {
   if (!v.defined()) return {};
+  const int64_t sequences = p.sequences();  // (B, Hq): one row per sequence
   const bool heads = v.dim() == 1 && v.size(0) == p.query_heads;
-  const bool batch_heads = per_batch && v.dim() == 2 && v.size(0) == p.batch && v.size(1) == p.query_heads;
+  const bool batch_heads = per_batch && v.dim() == 2 && v.size(0) == sequences && v.size(1) == p.query_heads;
   if (per_batch) {
     check(heads || batch_heads, name, ": expected shape (Hq) = ", Shape{p.query_heads}, " or (B, Hq) = ",
-          Shape{p.batch, p.query_heads}, ", got ", v.shape());
+          Shape{sequences, p.query_heads}, ", got ", v.shape());
   } else {
     check(heads, name, ": expected shape (Hq) = ", Shape{p.query_heads}, ", one per query head, got ", v.shape());
   }
@@ -161,7 +200,7 @@ template <class T>
 ScoreAdditions<T> make_additions(const Problem& p, const Options<T>& options) {
   const detail::HeadValues<T> slopes = head_values(options.alibi_slopes, p, true, "alibi_slopes");
   if (slopes.present())
-    for (int64_t b = 0; b < (slopes.stride_b ? p.batch : 1); ++b)
+    for (int64_t b = 0; b < (slopes.stride_b ? p.sequences() : 1); ++b)
       for (int64_t h = 0; h < p.query_heads; ++h)
         check(std::isfinite(slopes.of(b, h)), "alibi_slopes: expected finite slopes, got ", slopes.of(b, h),
               " at (b, h) = (", b, ", ", h, ")");
@@ -194,8 +233,10 @@ Backend resolve_backend(Backend requested, const Problem& p, bool need_weights) 
   constexpr bool is_float = std::is_same_v<T, float>;
   if (requested == Backend::automatic) {
     if (!is_float) return Backend::reference;
-    return p.query_len <= kDecodeRows && !need_weights ? Backend::decode : Backend::cpu_flash;
+    return p.query_len <= kDecodeRows && !need_weights && !p.packed.present() ? Backend::decode : Backend::cpu_flash;
   }
+  check(requested != Backend::decode || !p.packed.present(),
+        "options.backend: decode does not take packed sequences (cu_seqlens): use cpu_flash or automatic");
   check(requested != Backend::cpu_flash || is_float,
         "options.backend: cpu_flash supports float32 only (use reference or automatic for double)");
   check(requested != Backend::decode || is_float,
@@ -280,6 +321,8 @@ ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
   operands.push_back(byte_range(options.additive_mask));
   operands.push_back(byte_range(options.query_lengths));
   operands.push_back(byte_range(options.key_lengths));
+  operands.push_back(byte_range(options.cu_seqlens_q));
+  operands.push_back(byte_range(options.cu_seqlens_k));
   operands.push_back(byte_range(options.sinks));
   operands.push_back(byte_range(options.alibi_slopes));
   return operands;

@@ -37,13 +37,41 @@ struct Rows {
   T* row(int64_t b, int64_t h, int64_t i) const { return data + b * stride_b + h * stride_h + i * stride_row; }
 };
 
-// Per-sequence lengths (Options::query_lengths, key_lengths): element b of a (B) view, or the
-// whole call's length when absent.
+// Per-sequence lengths (Options::query_lengths, key_lengths): element b of a (B) view (one per
+// packed sequence with cu_seqlens), or the sequence's whole length when absent.
 struct SequenceLengths {
   const int64_t* data = nullptr;
   int64_t stride = 0;
 
   int64_t of(int64_t b, int64_t whole) const { return data ? data[b * stride] : whole; }
+};
+
+// Packed variable-length sequences (Options::cu_seqlens_q, cu_seqlens_k): sequence s has the
+// call's queries [q(s), q(s + 1)) and keys [k(s), k(s + 1)) (batch 1).
+struct PackedSequences {
+  const int64_t* cu_q = nullptr;
+  const int64_t* cu_k = nullptr;
+  int64_t stride_q = 0, stride_k = 0, count = 0;
+
+  bool present() const { return cu_q != nullptr; }
+  int64_t q(int64_t s) const { return cu_q[s * stride_q]; }
+  int64_t k(int64_t s) const { return cu_k[s * stride_k]; }
+  // The sequence holding query row i (q(s) <= i < q(s + 1); empty sequences hold none).
+  int64_t holding(int64_t i) const {
+    int64_t lo = 0, hi = count;  // the last s with q(s) <= i, by bisection
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (q(mid) <= i ? lo : hi) = mid;
+    }
+    return lo;
+  }
+};
+
+// The sequence a query row belongs to, in the call's numbering: its index (b, or the packed
+// sequence), where its queries and keys start (negative for a block of a larger call: the whole
+// call's first query is row −query_offset), where its rows end, and the queries and keys it has.
+struct Sequence {
+  int64_t index, query_start, key_start, query_end, query_len, key_len;
 };
 
 struct Problem {
@@ -52,28 +80,47 @@ struct Problem {
   // The call's settings as given (checked), with whole_call's totals resolved (never 0).
   Scoring settings;
   double scale = 1.0;  // settings.scale, or 1/sqrt(Dqk)
-  SequenceLengths query_lengths, key_lengths;
+  SequenceLengths query_lengths, key_lengths;  // per sequence (b, or packed)
+  PackedSequences packed;
 
   const WholeCall& whole() const { return settings.whole_call; }
+  // The number of sequences: B, or the packed ones.
+  int64_t sequences() const { return packed.present() ? packed.count : batch; }
   int64_t group_size() const { return query_heads / kv_heads; }
   bool dropout() const { return settings.dropout_p > 0.0; }
-  // The keys of this call (counted from its first key) that queries [i0, i1) of sequence b may
-  // see: attention::visible_keys at the whole call's positions, then cut to this call's keys. For
-  // one query (i1 = i0 + 1) it is that query's range; for a block, the union of its rows'.
+  // The sequence of query row i of batch b (Sequence).
+  Sequence sequence_of(int64_t b, int64_t i) const {
+    if (!packed.present()) {
+      const WholeCall& w = whole();
+      return {b, -w.query_offset, -w.key_offset, std::numeric_limits<int64_t>::max(),
+              query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len)};
+    }
+    const int64_t s = packed.holding(i), q0 = packed.q(s), k0 = packed.k(s);
+    return {s, q0, k0, packed.q(s + 1), query_lengths.of(s, packed.q(s + 1) - q0), key_lengths.of(s, packed.k(s + 1) - k0)};
+  }
+  // The keys of this call that queries [i0, i1) of batch b may see: attention::visible_keys of
+  // each row's sequence at the whole call's positions, moved to this call's key numbering and cut
+  // to its keys. For one query (i1 = i0 + 1) it is that query's range; for a block, the union of
+  // its rows' (over the packed sequences it spans).
   KeyRange visible_keys(int64_t b, int64_t i0, int64_t i1) const {
-    const WholeCall& w = whole();
-    const KeyRange r = attention::visible_keys(settings, query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len),
-                                               w.query_offset + i0, w.query_offset + i1);
-    auto cut = [&](int64_t j) { return std::clamp<int64_t>(j - w.key_offset, 0, key_len); };
-    return {cut(r.begin), cut(r.end)};
+    KeyRange all{0, 0};
+    for (int64_t i = i0; i < i1;) {
+      const Sequence s = sequence_of(b, i);
+      const int64_t end = std::min(i1, s.query_end);
+      const KeyRange r = attention::visible_keys(settings, s.query_len, s.key_len, i - s.query_start, end - s.query_start);
+      auto cut = [&](int64_t j) { return std::clamp<int64_t>(j + s.key_start, 0, key_len); };
+      const KeyRange here{cut(r.begin), cut(r.end)};
+      if (!here.empty()) all = all.empty() ? here : KeyRange{std::min(all.begin, here.begin), std::max(all.end, here.end)};
+      i = end;
+    }
+    return all;
   }
   KeyRange visible_keys(int64_t b, int64_t i) const { return visible_keys(b, i, i + 1); }
-  // The key of query i of sequence b on the causal alignment's diagonal (causal_diagonal), in this
+  // The key of query i of batch b on its sequence's causal diagonal (causal_diagonal), in this
   // call's key numbering: where ALiBi's distance is 0.
   int64_t diagonal_key(int64_t b, int64_t i) const {
-    const WholeCall& w = whole();
-    return w.query_offset + i +
-           causal_diagonal(settings, query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len)) - w.key_offset;
+    const Sequence s = sequence_of(b, i);
+    return s.key_start + (i - s.query_start) + causal_diagonal(settings, s.query_len, s.key_len);
   }
   // Whether scale·q·k is soft-capped (Scoring::softcap).
   bool softcapped() const { return settings.softcap > 0.0; }
@@ -136,7 +183,7 @@ struct ScoreAdditions {
     Row r{additive.present() ? additive.row(b, h, i) : nullptr, additive.stride_j,
           attend.present() ? attend.row(b, h, i) : nullptr, attend.stride_j};
     if (alibi_slopes.present()) {
-      r.slope = alibi_slopes.of(b, h);
+      r.slope = alibi_slopes.of(p.sequence_of(b, i).index, h);
       r.origin = p.diagonal_key(b, i);
     }
     return r;

@@ -118,6 +118,16 @@ struct Options : Scoring {
   // at its sequence's length, where a mask would be read key by key.
   View<const int64_t> query_lengths;
   View<const int64_t> key_lengths;
+  // Packed variable-length sequences (FlashAttention's cu_seqlens_q / cu_seqlens_k, padding-free
+  // batches): the call has batch 1 and its N sequences back to back along L and S; sequence s has
+  // queries [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and keys [cu_seqlens_k[s], cu_seqlens_k[s + 1]),
+  // each (N + 1), starting at 0, non-decreasing, ending at L and S. A query sees only its own
+  // sequence's keys; causality, windows and ALiBi are each sequence's own (bottom-right aligns on
+  // its lengths). FlashAttention's (total, H, D) tensors are the views (1, H, total, D) of the same
+  // memory. With them, query_lengths / key_lengths (FlashAttention's seqused_q / seqused_k) and
+  // (B, Hq) ALiBi slopes have one entry per sequence. No work crosses a sequence boundary.
+  View<const int64_t> cu_seqlens_q;
+  View<const int64_t> cu_seqlens_k;
   // Attention sinks (gpt-oss's s_aux): one logit per query head of the call, (Hq), that joins the
   // denominator of every row's softmax and is left out of the output: P_ij = exp(s_ij − lse_i) with
   // lse_i = log(exp(sink_h) + Σ_j exp(s_ij)), which the logsumexp returned includes. Not scaled,

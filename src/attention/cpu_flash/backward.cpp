@@ -89,6 +89,7 @@ struct Plan {
   // stride off a power of two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the
   // micro-kernel keeps in L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
   size_t key_stride;
+  QueryBlocks blocks;  // of Br rows (within each packed sequence)
   int64_t query_blocks;
   // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs), the chunks from
   // the whole call's (b, kv head) pairs (Options::whole_call): a block of heads sums its gradients
@@ -106,7 +107,7 @@ struct Plan {
         segments((S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment)),
         segment_padded(round_up(segment, W)), dqk_padded(round_up(Dqk, W)),
         key_stride(segment_padded + 16),
-        query_blocks((L + static_cast<int64_t>(Br) - 1) / static_cast<int64_t>(Br)),
+        blocks(p, static_cast<int64_t>(Br)), query_blocks(blocks.count()),
         chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
@@ -196,8 +197,8 @@ class Backward {
     const int64_t end_item = std::min(n_.G * n_.query_blocks, first_item + n_.chunks.items_per_chunk);
     for (int64_t item = first_item; item < end_item; ++item) {
       const int64_t h = (kv % n_.Hkv) * n_.G + item / n_.query_blocks;
-      const int64_t i0 = (item % n_.query_blocks) * static_cast<int64_t>(n_.Br);
-      query_block(s, b, h, i0, std::min<size_t>(n_.Br, to_size(n_.L - i0)), seg, gradients);
+      const QueryBlocks::Block block = n_.blocks[item % n_.query_blocks];
+      query_block(s, b, h, block.first, block.rows, seg, gradients);
     }
     if (gradients) hand_over_kv_gradients(s, task, seg);
   }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "../tiles/tiles.h"
 
@@ -37,6 +38,36 @@ constexpr int64_t kLongKeys = 16384;
 constexpr size_t kBackwardKeySegment = 4096;
 static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
 static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
+
+// The blocks of query rows the tasks take: rows_per_block at a time from row 0, and with packed
+// sequences (Options::cu_seqlens) from each sequence's first row, so that no block, and no tile,
+// holds two sequences' rows (a block's key walk is then its own sequence's keys alone).
+class QueryBlocks {
+ public:
+  struct Block {
+    int64_t first;
+    size_t rows;
+  };
+
+  QueryBlocks(const Problem& p, int64_t rows_per_block)
+      : rows_(p.query_len), per_block_(rows_per_block), packed_(p.packed.present()) {
+    for (int64_t s = 0; packed_ && s < p.packed.count; ++s)
+      for (int64_t i = p.packed.q(s); i < p.packed.q(s + 1); i += rows_per_block)
+        blocks_.push_back({i, static_cast<size_t>(std::min(rows_per_block, p.packed.q(s + 1) - i))});
+  }
+  int64_t count() const {
+    return packed_ ? static_cast<int64_t>(blocks_.size()) : (rows_ + per_block_ - 1) / per_block_;
+  }
+  Block operator[](int64_t n) const {
+    if (packed_) return blocks_[static_cast<size_t>(n)];
+    return {n * per_block_, static_cast<size_t>(std::min(per_block_, rows_ - n * per_block_))};
+  }
+
+ private:
+  int64_t rows_, per_block_;
+  bool packed_;
+  std::vector<Block> blocks_;  // packed: every block
+};
 
 // logsumexp (double) as hi + lo, two floats: hi = float(lse), lo = float(lse − hi), so that the
 // kernels compute s − lse as (s − hi) − lo in float without losing lse's fraction when |lse| is

@@ -151,7 +151,8 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
   const int64_t Br = static_cast<int64_t>(kForwardQueries);
 
   // One task per (b, h, block of Br queries); tasks run in parallel, each writes only its rows.
-  const int64_t query_blocks = (L + Br - 1) / Br;
+  const QueryBlocks blocks(p, Br);
+  const int64_t query_blocks = blocks.count();
   const int64_t tasks = B * Hq * query_blocks;
   // The packed kv head (PackedKv). Short keys: each thread packs the kv head of its task when that
   // moves to another one (consecutive tasks mostly share one), O(S·d) per thread. Long keys: one
@@ -174,12 +175,12 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
 
     auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
-      const int64_t i0 = (task % query_blocks) * Br;
+      const QueryBlocks::Block block = blocks[task % query_blocks];
       if (!shared_packs && kv != packed_kv) {
         pack_kv_head(kv, own_kt.data(), own_v.data());
         packed_kv = kv;
       }
-      forward_query_block(p, additions, a, packed, scratch, b, h, i0, to_size(std::min(Br, L - i0)));
+      forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
 
     if (!shared_packs) {
