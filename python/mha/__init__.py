@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, dropout_seed=None, return_logsumexp=False,
-                                 window_size=(-1, -1)):
+                                 window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
+                                 cu_seqlens_q=None, cu_seqlens_k=None):
     """softmax(query · keyᵀ · scale + mask) · value, as torch.nn.functional.scaled_dot_product_attention.
 
     query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): rank 2 or more, leading
@@ -41,19 +42,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     i + d - left <= j <= i + d + right, -1 = unbounded on that side; d = 0 with is_causal, S - L
     without (FlashAttention's diagonal). Hugging Face's sliding_window = W is (W - 1, 0) with
     is_causal. The keys outside a row's window cost nothing.
+    softcap: c > 0 makes each scaled score c * tanh(score / c) before the mask is added (Gemma 2,
+    FlashAttention's softcap); 0 = none.
+    sinks: (Hq,) one logit per query head that joins every row's softmax denominator and is left
+    out of the output (gpt-oss); the logsumexp includes it. -inf = no sink.
+    alibi_slopes: (Hq,) or (*batch, Hq): -slope * |i + d - j| is added to score (i, j), d as for
+    window_size (FlashAttention-2's alibi_slopes).
+    cu_seqlens_q, cu_seqlens_k: packed sequences (FlashAttention's varlen), int32 or int64 offsets
+    (N + 1,): query (Hq, total_q, E), key and value (Hkv, total_k, E) (or with a batch of 1)
+    hold N sequences back to back; sequence s has queries cu_seqlens_q[s]:cu_seqlens_q[s + 1] and
+    keys cu_seqlens_k[s]:cu_seqlens_k[s + 1], and no query sees another sequence's keys.
 
     Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
     """
     output, logsumexp = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
-                                      enable_gqa, dropout_seed, _core.get_num_threads(), window_size)
+                                      enable_gqa, dropout_seed, _core.get_num_threads(), window_size, softcap,
+                                      sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     return (output, logsumexp) if return_logsumexp else output
 
 
 def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *, dropout_seed=None,
-                                          output=None, logsumexp=None, window_size=(-1, -1)):
+                                          output=None, logsumexp=None, window_size=(-1, -1), softcap=0.0,
+                                          sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Gradients (grad_query, grad_key, grad_value) of sum(output · grad_output), each of its
-    input's shape (summed over what was broadcast).
+    input's shape (summed over what was broadcast), and grad_sinks (Hq,) when sinks are given.
 
     The arguments are the forward's, plus grad_output (the output's shape and dtype). Pass the
     forward's output and logsumexp (scaled_dot_product_attention(..., return_logsumexp=True))
@@ -61,7 +74,8 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_m
     be the forward's.
     """
     return _core.backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p,
-                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(), window_size)
+                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(), window_size,
+                          softcap, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
 def _causal(is_causal):

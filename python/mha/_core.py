@@ -274,7 +274,7 @@ def _masks(layout, attn_mask):
     return (mask, None) if mask.dtype == np.bool_ else (None, mask)
 
 
-def _scoring(causal, scale, dropout_p, dropout_seed, window_size):
+def _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap):
     """The call's settings as the binding takes them: one _mha.Scoring (mha::attention::Scoring)."""
     scoring = _mha.Scoring()
     scoring.causal = getattr(_mha.Causal, causal)
@@ -282,7 +282,47 @@ def _scoring(causal, scale, dropout_p, dropout_seed, window_size):
     scoring.dropout_p = float(dropout_p)
     scoring.dropout_seed = int(dropout_seed or 0)
     scoring.window_left, scoring.window_right = check_window(window_size)
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (softcap == 0 or 0 < softcap < math.inf):
+        raise ArgumentError(f"softcap: expected 0 (none) or a finite cap > 0, got {softcap!r}")
+    scoring.softcap = float(softcap)
     return scoring
+
+
+class Variants:
+    """The per-call arrays beside the masks, brought to what the binding takes (mha checks their
+    shapes): sinks (Hq) and ALiBi slopes (Hq) or (*batch, Hq) in the query's dtype, the batch
+    dimensions flattened; packed offsets cu_seqlens_q / cu_seqlens_k (int32 or int64) as int64."""
+
+    __slots__ = ("sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
+
+    def __init__(self, dtype, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        self.sinks = self._values("sinks", sinks, dtype)
+        self.alibi_slopes = self._values("alibi_slopes", alibi_slopes, dtype)
+        if self.alibi_slopes is not None and self.alibi_slopes.ndim > 2:
+            self.alibi_slopes = self.alibi_slopes.reshape(-1, self.alibi_slopes.shape[-1])
+        self.cu_seqlens_q = self._offsets("cu_seqlens_q", cu_seqlens_q)
+        self.cu_seqlens_k = self._offsets("cu_seqlens_k", cu_seqlens_k)
+
+    @staticmethod
+    def _values(name, x, dtype):
+        if x is None:
+            return None
+        x = _array(name, x)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
+        return np.ascontiguousarray(x, dtype=dtype)
+
+    @staticmethod
+    def _offsets(name, x):
+        if x is None:
+            return None
+        x = _array(name, x)
+        if x.dtype not in (np.int32, np.int64):
+            raise ArgumentTypeError(f"{name}: expected int32 or int64 offsets, got dtype {x.dtype}")
+        return np.ascontiguousarray(x, dtype=np.int64)
+
+    def arguments(self):
+        return self.sinks, self.alibi_slopes, self.cu_seqlens_q, self.cu_seqlens_k
 
 
 def _call(fn, *arguments):
@@ -295,19 +335,21 @@ def _call(fn, *arguments):
 
 
 def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
-            window_size=(-1, -1)):
+            window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
+            cu_seqlens_k=None):
     """(output, logsumexp) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L) float64."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size)
+    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
+    variants = Variants(query.dtype, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     attend, additive = _masks(layout, attn_mask)
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_mha.sdpa_forward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
           _to_flat(layout, "value", value), output.reshape(B, H, L, layout.value_dim),
-          logsumexp.reshape(B, H, L), attend, additive, scoring, num_threads)
+          logsumexp.reshape(B, H, L), attend, additive, scoring, num_threads, *variants.arguments())
     return output, logsumexp
 
 
@@ -320,30 +362,60 @@ def _check_like(name, x, shape, dtype):
 
 
 def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-             dropout_seed, num_threads, window_size=(-1, -1)):
-    """(grad_query, grad_key, grad_value), each of its input's shape. output and logsumexp are
-    the forward's; None for both recomputes them."""
+             dropout_seed, num_threads, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
+             cu_seqlens_q=None, cu_seqlens_k=None):
+    """(grad_query, grad_key, grad_value), each of its input's shape, and grad_sinks (Hq) when
+    sinks are given. output and logsumexp are the forward's; None for both recomputes them."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size)
+    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
+    variants = Variants(query.dtype, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     if (output is None) != (logsumexp is None):
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")
     if output is None:
         output, logsumexp = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
-                                    dropout_seed, num_threads, window_size)
+                                    dropout_seed, num_threads, window_size, softcap, *variants.arguments())
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
     attend, additive = _masks(layout, attn_mask)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
+    grad_sinks = None if variants.sinks is None else np.empty(variants.sinks.shape, query.dtype)
     _call(_mha.sdpa_backward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
           _to_flat(layout, "value", value), viewable(output).reshape(B, H, L, layout.value_dim),
           viewable(logsumexp).reshape(B, H, L),
           viewable(grad_output).reshape(B, H, L, layout.value_dim),
           grads["query"], grads["key"], grads["value"],
-          attend, additive, scoring, num_threads)
-    return tuple(_fold_gradient(layout, name, grads[name], x.shape)
-                 for name, x in (("query", query), ("key", key), ("value", value)))
+          attend, additive, scoring, num_threads, *variants.arguments(), grad_sinks)
+    grads = tuple(_fold_gradient(layout, name, grads[name], x.shape)
+                  for name, x in (("query", query), ("key", key), ("value", value)))
+    return grads if grad_sinks is None else grads + (grad_sinks,)
+
+
+def merge_attention_states(outputs, logsumexps):
+    """The attention over the union of disjoint sets of keys from each set's (output (..., Dv),
+    logsumexp (...)): mha::attention::merge_partial, in float64, sets in order. Returns (output in
+    the outputs' dtype, logsumexp float64); a row no set sees stays 0 with -inf."""
+    first = _array("output_a", outputs[0])
+    if first.dtype not in DTYPES:
+        raise ArgumentTypeError(f"output_a: expected dtype float32 or float64, got {first.dtype}")
+    shape = first.shape
+    if len(shape) < 1:
+        raise ArgumentError(f"output_a: expected at least 1 dimension (..., head_dim), got shape {_shape(shape)}")
+    rows = math.prod(shape[:-1])
+    merged = np.zeros((1, 1, rows, shape[-1]))
+    merged_lse = np.full((1, 1, rows), -np.inf)
+    for n, (out, lse) in enumerate(zip(outputs, logsumexps)):
+        name = "ab"[n] if n < 2 else str(n)
+        out = _check_like(f"output_{name}", out, shape, first.dtype)
+        lse = _array(f"lse_{name}", lse)
+        if tuple(lse.shape) != tuple(shape[:-1]) or not np.issubdtype(lse.dtype, np.floating):
+            raise ArgumentError(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
+                                f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
+                                f"{lse.dtype}")
+        _call(_mha.merge_partial, merged, merged_lse, np.ascontiguousarray(out).reshape(1, 1, rows, shape[-1]),
+              np.ascontiguousarray(lse, dtype=np.float64).reshape(1, 1, rows))
+    return merged.reshape(shape).astype(first.dtype), merged_lse.reshape(shape[:-1])

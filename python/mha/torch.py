@@ -30,7 +30,8 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _core, _mha
 
-__all__ = ["scaled_dot_product_attention", "MultiheadAttention", "patch"]
+__all__ = ["scaled_dot_product_attention", "MultiheadAttention", "patch", "flash_attn_func", "flash_attn_varlen_func",
+           "merge_attention_states"]
 
 # PyTorch's own, taken at import: the fallback, and what patch() puts back.
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -49,14 +50,17 @@ def _seed(dropout_seed):
 
 def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
                   causal: str, scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor],
-                  window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
+                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                  cu_seqlens_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(output, logsumexp): output (..., Hq, L, Ev) and the float64 log-sum-exp of each score
     row (..., Hq, L). causal is "none", "top_left" (torch's is_causal) or "bottom_right";
-    dropout_seed an int64 scalar tensor (None without dropout); the window as in
-    mha.scaled_dot_product_attention."""
+    dropout_seed an int64 scalar tensor (None without dropout); the window, soft-cap, sinks, ALiBi
+    slopes and packed offsets as in mha.scaled_dot_product_attention."""
     output, logsumexp = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
                                       causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
-                                      (window_left, window_right))
+                                      (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
+                                      _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
     return torch.from_numpy(output), torch.from_numpy(logsumexp)
 
 
@@ -65,7 +69,7 @@ sdpa_forward = torch.library.custom_op("mha::sdpa_forward", _sdpa_forward, mutat
 
 @sdpa_forward.register_fake
 def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, window_left=-1,
-      window_right=-1):
+      window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
     layout = _core.Layout(query.shape, key.shape, value.shape, enable_gqa)
     return query.new_empty(layout.output_shape()), query.new_empty(layout.logsumexp_shape(), dtype=torch.float64)
 
@@ -74,36 +78,53 @@ def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropou
 def sdpa_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor, output: Tensor,
                   logsumexp: Tensor, attn_mask: Optional[Tensor], dropout_p: float, causal: str,
                   scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor], window_left: int = -1,
-                  window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_query, grad_key, grad_value), given sdpa_forward's arguments and results."""
+                  window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
+                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                  cu_seqlens_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(grad_query, grad_key, grad_value, grad_sinks), given sdpa_forward's arguments and results;
+    grad_sinks is empty (0,) without sinks."""
     grads = _core.backward(_numpy(grad_output), _numpy(query), _numpy(key), _numpy(value), _numpy(output),
                            _numpy(logsumexp), _numpy(attn_mask), dropout_p, causal, scale, enable_gqa,
-                           _seed(dropout_seed), torch.get_num_threads(), (window_left, window_right))
-    return tuple(torch.from_numpy(g) for g in grads)
+                           _seed(dropout_seed), torch.get_num_threads(), (window_left, window_right), softcap,
+                           _numpy(sinks), _numpy(alibi_slopes), _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
+    grads = tuple(torch.from_numpy(g) for g in grads)
+    return grads if sinks is not None else grads + (query.new_empty(0),)
 
 
 @sdpa_backward.register_fake
 def _(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-      dropout_seed, window_left=-1, window_right=-1):
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+      dropout_seed, window_left=-1, window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
+      cu_seqlens_k=None):
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            query.new_empty(sinks.shape if sinks is not None else (0,)))
+
+
+# The operator's arguments after the nine of SDPA's (query ... dropout_seed): the variants.
+_VARIANTS = ("window_left", "window_right", "softcap", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *window = inputs
+    query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants = inputs
+    variants = dict(zip(_VARIANTS, variants))
     out, logsumexp = output
     ctx.mark_non_differentiable(logsumexp)
-    ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp, dropout_seed)
+    tensors = [variants.pop(name, None) for name in ("sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")]
+    ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp, dropout_seed, *tensors)
     ctx.options = (dropout_p, causal, scale, enable_gqa)
-    ctx.window = window
+    ctx.variants = variants  # the plain values: window, soft-cap
 
 
 def _backward(ctx, grad_output, _grad_logsumexp):
-    query, key, value, attn_mask, out, logsumexp, dropout_seed = ctx.saved_tensors
+    query, key, value, attn_mask, out, logsumexp, dropout_seed, sinks, slopes, cu_q, cu_k = ctx.saved_tensors
     dropout_p, causal, scale, enable_gqa = ctx.options
-    grads = torch.ops.mha.sdpa_backward(grad_output, query, key, value, out, logsumexp, attn_mask, dropout_p,
-                                        causal, scale, enable_gqa, dropout_seed, *ctx.window)
-    # No gradient for the mask (a mask that needs one goes to PyTorch), the options or the seed.
-    return (*grads, None, None, None, None, None, None, None, None)
+    v = ctx.variants
+    grad_query, grad_key, grad_value, grad_sinks = torch.ops.mha.sdpa_backward(
+        grad_output, query, key, value, out, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed,
+        v.get("window_left", -1), v.get("window_right", -1), v.get("softcap", 0.0), sinks, slopes, cu_q, cu_k)
+    # No gradient for the mask (a mask that needs one goes to PyTorch), the options, the seed, the
+    # slopes or the offsets; the sinks' when they were given.
+    return (grad_query, grad_key, grad_value, None, None, None, None, None, None, None, None, None,
+            grad_sinks if sinks is not None else None, None, None, None)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -170,13 +191,40 @@ def _fall_back(reason, what="scaled_dot_product_attention"):
                       stacklevel=3)
 
 
+def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap=0.0, sinks=None,
+               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """(output, logsumexp) of mha's operator on inputs mha runs: the seed drawn when dropout needs
+    one, the operator when autograd or torch.compile needs it, else its body."""
+    # Drawn from the default generator only when used, so that without dropout the random
+    # stream is left as PyTorch's SDPA leaves it.
+    seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
+    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed, *window, float(softcap), sinks,
+            alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    # The dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
+    needs_op = torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, sinks)))
+    return torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
+
+
+def _check_variants_run(reason, softcap, sinks, alibi_slopes):
+    """The soft-cap, sinks and ALiBi exist in mha alone: inputs mha cannot run are refused."""
+    given = [name for name, x in (("softcap", softcap), ("sinks", sinks), ("alibi_slopes", alibi_slopes))
+             if x is not None and not (name == "softcap" and x == 0)]
+    if given and reason is not None:
+        raise _core.ArgumentError(f"{', '.join(given)}: mha runs these only on float32/float64 CPU tensors, and "
+                                  f"PyTorch's attention, which takes the rest, has no such argument; got {reason}")
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, window_size=(-1, -1)):
+                                 enable_gqa=False, *, window_size=(-1, -1), softcap=0.0, sinks=None,
+                                 alibi_slopes=None):
     """torch.nn.functional.scaled_dot_product_attention, computed by mha: same arguments, same
     shapes, same results up to rounding (bitwise the same for any thread count).
 
-    window_size (mha's own, keyword-only): (left, right), a sliding window as in
-    mha.scaled_dot_product_attention (FlashAttention-2's); keys outside it cost nothing.
+    mha's own, keyword-only, as in mha.scaled_dot_product_attention: window_size (left, right), a
+    sliding window (FlashAttention-2's; keys outside it cost nothing); softcap (Gemma 2's logit
+    soft-cap); sinks (Hq,), one logit per head in every row's softmax, with its gradient (gpt-oss);
+    alibi_slopes (Hq,) or (*batch, Hq).
 
     attn_mask may be a torch.nn.attention.bias.CausalBias: upper-left is is_causal, lower-right
     is mha's bottom-right causal mask. With dropout_p > 0 the seed is drawn from torch's default
@@ -192,6 +240,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         causal, mask = ("bottom_right" if lower_right else "top_left"), None
     window = _core.check_window(window_size)
     reason = _unsupported(query, key, value, mask)
+    _check_variants_run(reason, softcap, sinks, alibi_slopes)
     if reason is not None:
         _fall_back(reason)
         if window != (-1, -1):  # PyTorch has no window: the same keys as a dense bool mask
@@ -209,16 +258,95 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 attn_mask, is_causal = None, True
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
-    # Drawn from the default generator only when used, so that without dropout the random
-    # stream is left as PyTorch's SDPA leaves it.
-    seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
-    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed, *window)
-    # The operator when autograd or torch.compile needs it; otherwise its body, directly: the
-    # dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
-    needs_op = torch.compiler.is_compiling() or (
-        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
-    output, _ = torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
+    output, _ = _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap, sinks,
+                           alibi_slopes)
     return output
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-2's functions (flash_attn.flash_attn_interface), on the CPU: the same arguments,
+# layouts and semantics, so that code written for flash-attn runs unchanged. Its (B, S, H, D) and
+# (total, H, D) tensors are read in place as mha's (B, H, S, D) and (1, H, total, D) views.
+
+def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise _core.ArgumentTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    reason = _unsupported(q, k, v, None)
+    if reason is not None:
+        raise _core.ArgumentError(f"q, k, v: mha runs float32/float64 CPU tensors, got {reason}")
+    for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
+        if not isinstance(flag, bool):
+            raise _core.ArgumentTypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if isinstance(alibi_slopes, Tensor):
+        alibi_slopes = alibi_slopes.to(q.dtype)
+    return alibi_slopes
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, sinks=None):
+    """FlashAttention-2's flash_attn_func: q (B, L, Hq, D), k and v (B, S, Hkv, D) with Hkv dividing
+    Hq (GQA); causal and the window on the bottom-right diagonal (query i's own key is i + S - L);
+    softcap, alibi_slopes ((Hq,) or (B, Hq), FlashAttention's -slope * |i + S - L - j|) and dropout
+    as FlashAttention's. sinks (mha's, keyword-only): (Hq,) gpt-oss's sink logits, with a gradient.
+
+    Returns out (B, L, Hq, D); with return_attn_probs, (out, softmax_lse (B, Hq, L) float32, None):
+    mha never builds the probabilities, so the third is None where FlashAttention returns them for
+    its tests. deterministic: mha's backward is always deterministic (bitwise the same for any
+    thread count). Differentiable in q, k, v and sinks; torch.compile(fullgraph=True) keeps it whole.
+    """
+    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs)
+    out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
+                          "bottom_right" if causal else "none", softmax_scale, True, _core.check_window(window_size),
+                          softcap, sinks, alibi_slopes)
+    out = out.transpose(1, 2).contiguous()
+    return (out, lse.to(torch.float32), None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *, sinks=None):
+    """FlashAttention-2's flash_attn_varlen_func: q (total_q, Hq, D), k and v (total_k, Hkv, D) hold
+    N sequences back to back, cu_seqlens_q / cu_seqlens_k (N + 1,) int32 their offsets, each
+    sequence attending to its own keys alone (causality, the window and ALiBi on each sequence's
+    own bottom-right diagonal; alibi_slopes (Hq,) or (N, Hq)). max_seqlen_q / max_seqlen_k must be
+    at least the longest sequence's. Returns out (total_q, Hq, D); with return_attn_probs,
+    (out, softmax_lse (Hq, total_q) float32, None). block_table (paged KV) is not supported.
+    """
+    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs)
+    if block_table is not None:
+        raise _core.ArgumentError("block_table: expected None (mha does not read paged KV caches), got a tensor")
+    for name, cu, longest in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q), ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k)):
+        if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+            raise _core.ArgumentTypeError(f"{name}: expected a 1-D int32 or int64 tensor of N + 1 offsets, got "
+                                          f"{type(cu).__name__ if not isinstance(cu, Tensor) else cu.dtype}"
+                                          f"{'' if not isinstance(cu, Tensor) else ' ' + _core._shape(tuple(cu.shape))}")
+        if cu.numel() > 1 and not torch.compiler.is_compiling():
+            needed = int((cu[1:] - cu[:-1]).max())
+            if isinstance(longest, bool) or not isinstance(longest, int) or longest < needed:
+                raise _core.ArgumentError(f"max_seqlen_{name[-1]}: expected at least the longest sequence's {needed}, "
+                                          f"got {longest!r}")
+    out, lse = _attention(q.permute(1, 0, 2).unsqueeze(0), k.permute(1, 0, 2).unsqueeze(0),
+                          v.permute(1, 0, 2).unsqueeze(0), None, dropout_p, "bottom_right" if causal else "none",
+                          softmax_scale, True, _core.check_window(window_size), softcap, sinks, alibi_slopes,
+                          cu_seqlens_q, cu_seqlens_k)
+    out = out[0].transpose(0, 1).contiguous()
+    return (out, lse[0].to(torch.float32), None) if return_attn_probs else out
+
+
+def merge_attention_states(output_a, lse_a, output_b, lse_b):
+    """The attention over two disjoint sets of keys from each set's output (..., D) and
+    log-sum-exp (...) (= output.shape[:-1]; FlashAttention's (B, H, L) lse is
+    softmax_lse.transpose(1, 2) for its (B, L, H, D) out): shared prefixes (cascade attention),
+    chunked prefill, context parallelism. Returns (output, lse) in the inputs' dtypes, merged in
+    float64 by mha's merge_partial; a row neither set sees stays 0 with -inf. No autograd.
+    """
+    for name, x in (("output_a", output_a), ("lse_a", lse_a), ("output_b", output_b), ("lse_b", lse_b)):
+        if not isinstance(x, Tensor) or x.device.type != "cpu":
+            raise _core.ArgumentTypeError(f"{name}: expected a CPU torch.Tensor, got "
+                                          f"{type(x).__name__ if not isinstance(x, Tensor) else x.device}")
+    output, lse = _core.merge_attention_states((_numpy(output_a), _numpy(output_b)), (_numpy(lse_a), _numpy(lse_b)))
+    return torch.from_numpy(output), torch.from_numpy(lse).to(lse_a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

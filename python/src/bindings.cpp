@@ -69,24 +69,39 @@ class OpenMPThreads {
   int saved_;
 };
 
+// The per-call tensors beside the masks: sinks and ALiBi slopes (T), packed offsets (int64).
+template <class T>
+struct CallTensors {
+  std::optional<In<T>> sinks, alibi_slopes;
+  std::optional<In<int64_t>> cu_seqlens_q, cu_seqlens_k;
+};
+
 template <class T>
 mha::attention::Options<T> options(const std::optional<In<bool>>& attend_mask,
-                                   const std::optional<In<T>>& additive_mask, const Scoring& scoring) {
+                                   const std::optional<In<T>>& additive_mask, const Scoring& scoring,
+                                   const CallTensors<T>& tensors) {
   mha::attention::Options<T> opt;
   static_cast<Scoring&>(opt) = scoring;
   if (attend_mask) opt.attend_mask = view<const bool>(*attend_mask);
   if (additive_mask) opt.additive_mask = view<const T>(*additive_mask);
+  if (tensors.sinks) opt.sinks = view<const T>(*tensors.sinks);
+  if (tensors.alibi_slopes) opt.alibi_slopes = view<const T>(*tensors.alibi_slopes);
+  if (tensors.cu_seqlens_q) opt.cu_seqlens_q = view<const int64_t>(*tensors.cu_seqlens_q);
+  if (tensors.cu_seqlens_k) opt.cu_seqlens_k = view<const int64_t>(*tensors.cu_seqlens_k);
   return opt;
 }
 
 template <class T>
 void sdpa_forward(const In<T>& query, const In<T>& key, const In<T>& value, const Out<T>& output,
                   const Out<double>& logsumexp, const std::optional<In<bool>>& attend_mask,
-                  const std::optional<In<T>>& additive_mask, const Scoring& scoring, int num_threads) {
+                  const std::optional<In<T>>& additive_mask, const Scoring& scoring, int num_threads,
+                  const std::optional<In<T>>& sinks, const std::optional<In<T>>& alibi_slopes,
+                  const std::optional<In<int64_t>>& cu_seqlens_q, const std::optional<In<int64_t>>& cu_seqlens_k) {
   OpenMPThreads threads(num_threads);
   mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp), {}};
-  mha::attention::sdpa_forward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value), out,
-                                       options<T>(attend_mask, additive_mask, scoring));
+  mha::attention::sdpa_forward_into<T>(
+      view<const T>(query), view<const T>(key), view<const T>(value), out,
+      options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k}));
 }
 
 template <class T>
@@ -94,12 +109,23 @@ void sdpa_backward(const In<T>& query, const In<T>& key, const In<T>& value, con
                    const In<double>& logsumexp, const In<T>& grad_output, const Out<T>& grad_query,
                    const Out<T>& grad_key, const Out<T>& grad_value,
                    const std::optional<In<bool>>& attend_mask, const std::optional<In<T>>& additive_mask,
-                   const Scoring& scoring, int num_threads) {
+                   const Scoring& scoring, int num_threads, const std::optional<In<T>>& sinks,
+                   const std::optional<In<T>>& alibi_slopes, const std::optional<In<int64_t>>& cu_seqlens_q,
+                   const std::optional<In<int64_t>>& cu_seqlens_k, const std::optional<Out<T>>& grad_sinks) {
   OpenMPThreads threads(num_threads);
-  mha::attention::GradientOutputs<T> grads{view<T>(grad_query), view<T>(grad_key), view<T>(grad_value)};
+  mha::attention::GradientOutputs<T> grads{view<T>(grad_query), view<T>(grad_key), view<T>(grad_value), false,
+                                           grad_sinks ? view<T>(*grad_sinks) : mha::View<T>()};
   mha::attention::sdpa_backward_into<T>(
       view<const T>(query), view<const T>(key), view<const T>(value), view<const T>(output),
-      view<const double>(logsumexp), view<const T>(grad_output), grads, options<T>(attend_mask, additive_mask, scoring));
+      view<const double>(logsumexp), view<const T>(grad_output), grads,
+      options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k}));
+}
+
+template <class T>
+void merge_partial(const Out<double>& output, const Out<double>& logsumexp, const In<T>& block_output,
+                   const In<double>& block_logsumexp) {
+  mha::attention::merge_partial<T>(view<double>(output), view<double>(logsumexp), view<const T>(block_output),
+                                   view<const double>(block_logsumexp));
 }
 
 // A settings struct as a Python class whose attributes are its fields, each bound from the
@@ -289,16 +315,22 @@ template <class T>
 void define(nb::module_& m) {
   m.def("sdpa_forward", &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "attend_mask"_a.noconvert().none(),
-        "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, nb::call_guard<nb::gil_scoped_release>(),
+        "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, "sinks"_a.noconvert().none() = nb::none(),
+        "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(), "cu_seqlens_k"_a.noconvert().none() = nb::none(),
+        nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L).");
   m.def("sdpa_backward", &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
         "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),
         "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a,
-        nb::call_guard<nb::gil_scoped_release>(),
-        "Scaled dot-product attention backward into `grad_query`, `grad_key` and `grad_value`.");
+        "sinks"_a.noconvert().none() = nb::none(), "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(),
+        "cu_seqlens_k"_a.noconvert().none() = nb::none(), "grad_sinks"_a.noconvert().none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+        "Scaled dot-product attention backward into `grad_query`, `grad_key`, `grad_value` (and `grad_sinks`).");
   // Not call_guard'ed: they release the GIL themselves, around the computation only (their
   // results become numpy arrays, which needs the GIL).
+  m.def("merge_partial", &merge_partial<T>, "output"_a.noconvert(), "logsumexp"_a.noconvert(),
+        "block_output"_a.noconvert(), "block_logsumexp"_a.noconvert(), nb::call_guard<nb::gil_scoped_release>(),
+        "Log-sum-exp merge of a block's attention (B, H, L, Dv), (B, H, L) into the float64 accumulators.");
   m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(),
         "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(),
         "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(),

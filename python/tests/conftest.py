@@ -8,8 +8,10 @@ import struct
 import numpy as np
 import pytest
 
-GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens" / "sdpa"
-SDPA_CASES = sorted(p.name for p in GOLDENS.iterdir() if p.is_dir())
+GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens"
+SDPA_CASES = sorted(p.name for p in (GOLDENS / "sdpa").iterdir() if p.is_dir())
+# The score variants, written by the anchors' own code (scripts/goldens/make_variant_goldens.py).
+VARIANT_CASES = sorted(p.name for p in (GOLDENS / "variants").iterdir() if p.is_dir())
 
 _DTYPES = {"F32": np.float32, "F64": np.float64, "BOOL": np.bool_, "U8": np.uint8, "I32": np.int32, "I64": np.int64}
 
@@ -29,10 +31,11 @@ def load_safetensors(path):
     return tensors, metadata
 
 
-def load_case(name):
-    inputs, metadata = load_safetensors(GOLDENS / name / "inputs.safetensors")
-    expected, _ = load_safetensors(GOLDENS / name / "expected_f64.safetensors")
-    torch_f32, _ = load_safetensors(GOLDENS / name / "torch_f32.safetensors")
+def load_case(name, kind="sdpa"):
+    folder = GOLDENS / kind / name
+    inputs, metadata = load_safetensors(folder / "inputs.safetensors")
+    expected, _ = load_safetensors(folder / "expected_f64.safetensors")
+    torch_f32, _ = load_safetensors(folder / "torch_f32.safetensors")
     return inputs, metadata, expected, torch_f32
 
 
@@ -62,9 +65,10 @@ def assert_close_f64(ours, expected_f64, what, tolerance=1e-10):
 # The binding's parameters in order (python/src/bindings.cpp); mha calls it positionally.
 _BINDING_PARAMETERS = {
     "sdpa_forward": ("query", "key", "value", "output", "logsumexp", "attend_mask", "additive_mask", "scoring",
-                     "num_threads"),
+                     "num_threads", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"),
     "sdpa_backward": ("query", "key", "value", "output", "logsumexp", "grad_output", "grad_query", "grad_key",
-                      "grad_value", "attend_mask", "additive_mask", "scoring", "num_threads"),
+                      "grad_value", "attend_mask", "additive_mask", "scoring", "num_threads", "sinks", "alibi_slopes",
+                      "cu_seqlens_q", "cu_seqlens_k", "grad_sinks"),
 }
 
 
