@@ -142,6 +142,7 @@ attention::Scoring module_scoring(const MultiheadAttentionOptions& options, doub
   s.dropout_seed = dropout_p > 0.0 ? dropout_seed : 0;
   s.window_left = options.window_left;
   s.window_right = options.window_right;
+  s.softcap = options.softcap;
   return s;
 }
 
@@ -152,6 +153,8 @@ attention::Options<T> MultiheadAttentionMasks<T>::core_options(const attention::
   if (attend_mask) opt.attend_mask = *attend_mask;
   if (additive_mask) opt.additive_mask = *additive_mask;
   opt.causal = causal;
+  if (sinks) opt.sinks = *sinks;
+  if (alibi_slopes) opt.alibi_slopes = *alibi_slopes;
   return opt;
 }
 
@@ -437,8 +440,11 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
        grad_v = Tensor<T>::uninitialized(saved.v.shape());
   attention::Options<T> opt = saved.core;
   opt.backend = backend;
+  MultiheadAttentionGradients<T> out;
+  if (opt.sinks.defined()) out.grad_sinks = Tensor<T>({heads});
   const attention::GradientOutputs<T> outputs{heads_view(grad_q, heads), heads_view(grad_k, heads),
-                                              heads_view(grad_v, heads)};
+                                              heads_view(grad_v, heads), false,
+                                              out.grad_sinks ? View<T>(*out.grad_sinks) : View<T>()};
   check(static_cast<bool>(core.forward) == static_cast<bool>(core.backward),
         "MultiheadAttention: core: expected both a forward and a backward, or neither");
   if (core.backward)
@@ -466,7 +472,6 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
   }
   // 3. Input projections.
   T* in_bias_grad = data_or_null(grads.in_proj_bias);
-  MultiheadAttentionGradients<T> out;
   out.grad_query = to_caller_layout(
       linear_backward<T>(q_in.view, projection_weight(options, weights, 0), View<const T>(grad_q),
                          projection_weight_grad(options, grads, 0), in_bias_grad, "MultiheadAttention: q projection"),

@@ -21,6 +21,8 @@ MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options) {
         "got ", options.window_left);
   check(options.window_right >= -1, "MultiheadAttention: window_right: expected -1 (unbounded) or a number of keys "
         ">= 0, got ", options.window_right);
+  check(std::isfinite(options.softcap) && options.softcap >= 0.0,
+        "MultiheadAttention: softcap: expected 0 (none) or a finite cap > 0, got ", options.softcap);
   if (!options.kdim) options.kdim = e;
   if (!options.vdim) options.vdim = e;
   // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps

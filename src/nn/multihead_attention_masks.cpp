@@ -120,6 +120,9 @@ MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOpt
     for (int64_t i = 0; i < blocked->numel(); ++i) (*blocked)[i] = !(*blocked)[i];
     out.attend_mask = std::move(blocked);
   }
+  // 6. The call's sinks and slopes go to the core as they are (it checks their shapes).
+  out.sinks = args.sinks;
+  out.alibi_slopes = args.alibi_slopes;
   return out;
 }
 

@@ -75,10 +75,13 @@ Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for
                    as PyTorch initialises it.
   --inputs file:   query; key and value (default: query, i.e. self-attention);
                    key_padding_mask, attn_mask (BOOL: True = may not attend; float: added);
+                   sinks (num_heads): one sink logit per head (gpt-oss); alibi_slopes
+                   (num_heads) or (N, num_heads): ALiBi;
                    grad_output (required with --backward); any other name is an error.
                    Layout (L, N, E), (N, L, E) with --batch-first, (L, E) unbatched.
   --output file:   output; attn_weights (with --need-weights); with --backward: grad_query,
-                   grad_key, grad_value and grad.<parameter name> (e.g. grad.in_proj_weight).
+                   grad_key, grad_value, grad_sinks (with sinks) and grad.<parameter name>
+                   (e.g. grad.in_proj_weight).
 Float tensors of any float dtype are read; results are written as F32 (F64 with --dtype float64).
 The output file is written atomically: on any error no output file is left.)";
 }
@@ -136,10 +139,12 @@ void run(const AttentionArgs& args) {
   const st::MappedFile inputs(args.inputs_path);
   // A misspelt name would otherwise be ignored (a key_padding_msk would run unmasked), as
   // --weights refuses names it does not know.
-  static const char* const accepted[] = {"query", "key", "value", "key_padding_mask", "attn_mask", "grad_output"};
+  static const char* const accepted[] = {"query",        "key",   "value",        "key_padding_mask",
+                                         "attn_mask",    "sinks", "alibi_slopes", "grad_output"};
   for (const auto& entry : inputs.tensors()) {
     check(std::find(std::begin(accepted), std::end(accepted), entry.first) != std::end(accepted), args.inputs_path,
-          ": unknown tensor '", entry.first, "' (--inputs takes query, key, value, key_padding_mask, attn_mask, grad_output)");
+          ": unknown tensor '", entry.first,
+          "' (--inputs takes query, key, value, key_padding_mask, attn_mask, sinks, alibi_slopes, grad_output)");
   }
   const Tensor<T> query = read_float<T>(inputs.require("query", args.inputs_path), "query");
   auto optional_input = [&](const char* name) {
@@ -154,6 +159,8 @@ void run(const AttentionArgs& args) {
   forward_args.need_weights = args.need_weights;
   forward_args.average_attn_weights = args.average_attn_weights;
   forward_args.is_causal = args.is_causal;
+  for (auto [name, into] : {std::pair{"sinks", &forward_args.sinks}, std::pair{"alibi_slopes", &forward_args.alibi_slopes}})
+    if (auto it = inputs.tensors().find(name); it != inputs.tensors().end()) *into = read_float<T>(it->second, name);
   timer.stage("read");
 
   nn::MultiheadAttentionCache<T> cache;
@@ -172,6 +179,7 @@ void run(const AttentionArgs& args) {
     out.tensors["grad_query"] = st::from_tensor(grads.grad_query);
     out.tensors["grad_key"] = st::from_tensor(grads.grad_key);
     out.tensors["grad_value"] = st::from_tensor(grads.grad_value);
+    if (grads.grad_sinks) out.tensors["grad_sinks"] = st::from_tensor(*grads.grad_sinks);
     for (const auto& p : module.parameters()) out.tensors["grad." + p.name] = st::from_tensor(*p.grad);
     timer.stage("backward");
   }
@@ -214,6 +222,8 @@ void add_attention_command(CLI::App& app) {
                   "Hugging Face's sliding_window W with causality is W-1,0")
       ->expected(2)
       ->delimiter(',');
+  cmd->add_option("--softcap", args->module.softcap,
+                  "C: soft-cap the attention's scores, C*tanh(score/C) (Gemma 2's attn_logit_softcapping; 0 = none)");
   // Forward arguments.
   cmd->add_flag("--need-weights,!--no-need-weights", args->need_weights, "also return attention weights (default on)");
   cmd->add_flag("--average-attn-weights,!--no-average-attn-weights", args->average_attn_weights,

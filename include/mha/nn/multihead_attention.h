@@ -40,6 +40,9 @@ struct MultiheadAttentionOptions {
   // unbounded), applied by every call of the module: forward, backward, forward_cached and the
   // packed inference twin (module_scoring).
   int64_t window_left = -1, window_right = -1;
+  // mha's own: a logit soft-cap on the attention's scores (attention::Scoring::softcap; 0 = none),
+  // applied the same way.
+  double softcap = 0.0;
 };
 
 // A mask is bool (True = blocked) or float (added), as in PyTorch's MHA.
@@ -55,6 +58,11 @@ struct MultiheadAttentionArgs {
   // A hint that attn_mask is the causal mask; like PyTorch it requires attn_mask, and with
   // need_weights=false and no key_padding_mask the mask is replaced by top-left causality.
   bool is_causal = false;
+  // mha's own, per call: attention sinks, one logit per head (num_heads) (attention::Options::sinks;
+  // their gradient is MultiheadAttentionGradients::grad_sinks), and ALiBi slopes, (num_heads) or
+  // (N, num_heads) (attention::Options::alibi_slopes; keys appended by add_bias_kv / add_zero_attn
+  // are positions S, S + 1).
+  std::optional<Tensor<T>> sinks, alibi_slopes;
 };
 
 template <class T>
@@ -92,12 +100,14 @@ struct MultiheadAttentionWeightGradients {
 // The masks as the attention core takes them, for the forward's query (N, L, ·) and key
 // (N, S, ·) shapes: at most one bool mask in the core's polarity (true = may attend) and one
 // float mask added to the scores, each rank 4 (N|1, H|1, L|1, S') with S' counting the
-// add_bias_kv / add_zero_attn columns; plus the causality the is_causal hint turns into.
+// add_bias_kv / add_zero_attn columns; plus the causality the is_causal hint turns into, and the
+// call's sinks and ALiBi slopes.
 template <class T>
 struct MultiheadAttentionMasks {
   std::optional<Tensor<bool>> attend_mask;
   std::optional<Tensor<T>> additive_mask;
   attention::Causal causal = attention::Causal::none;
+  std::optional<Tensor<T>> sinks, alibi_slopes;  // the call's (MultiheadAttentionArgs), as given
 
   // The attention core's options: these masks (as views: they must outlive the options) and their
   // causality on top of `scoring` (module_scoring).
@@ -141,6 +151,7 @@ struct MultiheadAttentionCache {
 template <class T>
 struct MultiheadAttentionGradients {
   Tensor<T> grad_query, grad_key, grad_value;  // same shapes as the inputs
+  std::optional<Tensor<T>> grad_sinks;         // (num_heads), when the forward had sinks
 };
 
 // Checks the options (num_heads, divisibility, dropout, widths) and fills kdim and vdim in;

@@ -1,0 +1,143 @@
+// `mha attention --softcap C` and the input file's `sinks` and `alibi_slopes`: the module's score
+// variants from the command line.
+//   - the file written (forward and --backward, float64) holds what the module computes in
+//     process with the same options and tensors, bit for bit, grad_sinks included;
+//   - ALiBi slopes in the file write, byte for byte, the file of the same call given the biases
+//     as a float attn_mask (N·H, L, S) built here from −slope·|i + S − L − j|;
+//   - a bad soft-cap, sinks of the wrong shape or non-finite are one-line errors that leave no file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "../support/cli.h"
+#include "mha/core/random.h"
+#include "mha/core/safetensors.h"
+#include "mha/nn/multihead_attention.h"
+
+namespace mha {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = mha::safetensors;
+
+using mha::testing::CliResult;
+using mha::testing::run_cli;
+
+class AttentionVariantsCli : public mha::testing::CliTest {
+ protected:
+  static constexpr int64_t kLen = 5, kSrc = 8, kBatch = 2, kEmbed = 8, kHeads = 2;
+
+  // Inputs (L, N, E) with distinct keys and values, sinks and (N, H) slopes.
+  void SetUp() override {
+    Generator gen(6);
+    auto random = [&](Shape shape) {
+      Tensor<double> t(std::move(shape));
+      for (auto& x : t.values()) x = gen.normal();
+      return t;
+    };
+    query = random({kLen, kBatch, kEmbed});
+    key = random({kSrc, kBatch, kEmbed});
+    value = random({kSrc, kBatch, kEmbed});
+    grad_output = random({kLen, kBatch, kEmbed});
+    sinks = random({kHeads});
+    slopes = Tensor<double>({kBatch, kHeads}, {0.5, 0.25, 0.75, 0.125});
+  }
+
+  st::File inputs() const {
+    st::File f;
+    f.tensors["query"] = st::from_tensor(query);
+    f.tensors["key"] = st::from_tensor(key);
+    f.tensors["value"] = st::from_tensor(value);
+    f.tensors["grad_output"] = st::from_tensor(grad_output);
+    return f;
+  }
+
+  std::string bytes(const std::string& name) const {
+    std::ifstream in(path(name), std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+  Tensor<double> query, key, value, grad_output, sinks, slopes;
+};
+
+constexpr const char* kCommon = "attention --embed-dim 8 --num-heads 2 --dtype float64 --backward --seed 4 ";
+
+TEST_F(AttentionVariantsCli, WritesWhatTheModuleComputes) {
+  st::File in = inputs();
+  in.tensors["sinks"] = st::from_tensor(sinks);
+  in.tensors["alibi_slopes"] = st::from_tensor(slopes);
+  st::save(in, path("inputs.safetensors"));
+  const CliResult r = run_cli(std::string(kCommon) + "--softcap 1.5 --inputs " + path("inputs.safetensors") +
+                              " --output " + path("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const st::File out = st::load(path("out.safetensors"));
+
+  nn::MultiheadAttentionOptions o;
+  o.embed_dim = kEmbed;
+  o.num_heads = kHeads;
+  o.softcap = 1.5;
+  nn::MultiheadAttention<double> module(o, 4);
+  nn::MultiheadAttentionArgs<double> args;
+  args.sinks = sinks;
+  args.alibi_slopes = slopes;
+  nn::MultiheadAttentionCache<double> cache;
+  const auto fwd = module.forward(query, key, value, args, &cache);
+  const auto grads = module.backward(grad_output, cache);
+  auto same = [&](const char* name, const Tensor<double>& want) {
+    const Tensor<double> got = st::to_tensor<double>(st::require(out, name, "out"), name);
+    EXPECT_EQ(got.shape(), want.shape()) << name;
+    EXPECT_TRUE(std::equal(got.values().begin(), got.values().end(), want.values().begin())) << name;
+  };
+  same("output", fwd.output);
+  same("grad_query", grads.grad_query);
+  same("grad_key", grads.grad_key);
+  same("grad_sinks", *grads.grad_sinks);
+}
+
+TEST_F(AttentionVariantsCli, AlibiWritesTheFileOfItsBiasAsAMask) {
+  st::File in = inputs();
+  in.tensors["alibi_slopes"] = st::from_tensor(slopes);
+  st::save(in, path("alibi.safetensors"));
+  st::File masked = inputs();
+  Tensor<double> bias({kBatch * kHeads, kLen, kSrc});
+  for (int64_t bh = 0; bh < kBatch * kHeads; ++bh)
+    for (int64_t i = 0; i < kLen; ++i)
+      for (int64_t j = 0; j < kSrc; ++j)
+        bias[(bh * kLen + i) * kSrc + j] = -slopes[bh] * static_cast<double>(std::abs(i + kSrc - kLen - j));
+  masked.tensors["attn_mask"] = st::from_tensor(bias);
+  st::save(masked, path("masked.safetensors"));
+  const CliResult a = run_cli(std::string(kCommon) + "--inputs " + path("alibi.safetensors") + " --output " +
+                              path("alibi_out.safetensors"));
+  const CliResult b = run_cli(std::string(kCommon) + "--inputs " + path("masked.safetensors") + " --output " +
+                              path("masked_out.safetensors"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(bytes("alibi_out.safetensors"), bytes("masked_out.safetensors"));
+}
+
+TEST_F(AttentionVariantsCli, BadValuesAreRefused) {
+  st::File in = inputs();
+  st::save(in, path("plain.safetensors"));
+  in.tensors["sinks"] = st::from_tensor(Tensor<double>({3}, 0.0));
+  st::save(in, path("three_sinks.safetensors"));
+  in.tensors["sinks"] = st::from_tensor(Tensor<double>({2}, {0.0, std::nan("")}));
+  st::save(in, path("nan_sink.safetensors"));
+  for (auto [flags, needle] : {
+           std::pair<std::string, std::string>{"--softcap -1 --inputs " + path("plain.safetensors"),
+                                               "softcap: expected 0 (none) or a finite cap > 0, got -1"},
+           {"--softcap inf --inputs " + path("plain.safetensors"), "softcap"},
+           {"--inputs " + path("three_sinks.safetensors"), "sinks: expected shape (Hq) = [2], one per query head, got [3]"},
+           {"--inputs " + path("nan_sink.safetensors"), "sinks: expected finite logits (or -inf: no sink), got nan"}}) {
+    const CliResult r = run_cli(std::string(kCommon) + flags + " --output " + path("out.safetensors"));
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << flags << ": " << r.output;
+    EXPECT_FALSE(fs::exists(path("out.safetensors"))) << flags;
+  }
+}
+
+}  // namespace
+}  // namespace mha

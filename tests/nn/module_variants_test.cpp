@@ -1,0 +1,124 @@
+// The module's score variants: MultiheadAttentionOptions::softcap and the per-call
+// MultiheadAttentionArgs::sinks / alibi_slopes reach its attention core in forward and backward.
+//   - ALiBi equals, bit for bit (double, reference backend), the module given the same biases as a
+//     float (N·H, L, S) attn_mask built here from the definition −slope·|i + S − L − j|;
+//   - sinks of 0 are add_zero_attn: a zero key scores 0 against every query and its zero value adds
+//     nothing, which is a sink logit of 0 (output and input gradients within 1e-14);
+//   - grad_sinks and the input gradients under a soft-cap against finite differences;
+//   - a bad soft-cap is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "../support/assertions.h"
+#include "../support/gradient_check.h"
+#include "../support/max_diff.h"
+#include "mha/core/random.h"
+#include "mha/nn/multihead_attention.h"
+
+namespace mha::nn {
+namespace {
+
+using mha::testing::check_gradient;
+using mha::testing::expect_error;
+using mha::testing::max_diff;
+using mha::testing::replacing;
+
+Tensor<double> random_tensor(const Shape& shape, Generator& gen) {
+  Tensor<double> t(shape);
+  for (auto& x : t.values()) x = gen.normal();
+  return t;
+}
+
+bool bitwise_equal(const Tensor<double>& a, const Tensor<double>& b) {
+  return a.shape() == b.shape() && std::equal(a.values().begin(), a.values().end(), b.values().begin());
+}
+
+constexpr int64_t kN = 2, kLen = 6, kSrc = 9, kEmbed = 8, kHeads = 2;
+
+MultiheadAttentionOptions options() {
+  MultiheadAttentionOptions o;
+  o.embed_dim = kEmbed;
+  o.num_heads = kHeads;
+  o.batch_first = true;
+  return o;
+}
+
+TEST(ModuleVariants, AlibiEqualsItsBiasAsAnAttentionMask) {
+  MultiheadAttention<double> with(options(), 5), masked(options(), 5);
+  Generator gen(2);
+  const Tensor<double> q = random_tensor({kN, kLen, kEmbed}, gen), kv = random_tensor({kN, kSrc, kEmbed}, gen),
+                       grad = random_tensor({kN, kLen, kEmbed}, gen);
+  Tensor<double> slopes({kN, kHeads});
+  for (auto& x : slopes.values()) x = gen.uniform();
+  Tensor<double> bias({kN * kHeads, kLen, kSrc});  // PyTorch's 3-D attn_mask: (N·num_heads, L, S)
+  for (int64_t bh = 0; bh < kN * kHeads; ++bh)
+    for (int64_t i = 0; i < kLen; ++i)
+      for (int64_t j = 0; j < kSrc; ++j)
+        bias[(bh * kLen + i) * kSrc + j] = -slopes[bh] * static_cast<double>(std::abs(i + kSrc - kLen - j));
+  MultiheadAttentionArgs<double> alibi, mask;
+  alibi.alibi_slopes = slopes;
+  mask.attn_mask = bias;
+  MultiheadAttentionCache<double> ca, cb;
+  const auto a = with.forward(q, kv, kv, alibi, &ca), b = masked.forward(q, kv, kv, mask, &cb);
+  EXPECT_TRUE(bitwise_equal(a.output, b.output));
+  EXPECT_TRUE(bitwise_equal(*a.attn_weights, *b.attn_weights));
+  const auto ga = with.backward(grad, ca), gb = masked.backward(grad, cb);
+  EXPECT_TRUE(bitwise_equal(ga.grad_query, gb.grad_query));
+  EXPECT_TRUE(bitwise_equal(ga.grad_key, gb.grad_key));
+  EXPECT_TRUE(bitwise_equal(ga.grad_value, gb.grad_value));
+  auto pa = with.parameters(), pb = masked.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bitwise_equal(*pa[i].grad, *pb[i].grad)) << pa[i].name;
+}
+
+TEST(ModuleVariants, SinksOfZeroAreAZeroKey) {
+  MultiheadAttentionOptions zero_attn = options();
+  zero_attn.add_zero_attn = true;
+  MultiheadAttention<double> with(options(), 7), appended(zero_attn, 7);  // add_zero_attn adds no parameter
+  Generator gen(3);
+  const Tensor<double> q = random_tensor({kN, kLen, kEmbed}, gen), kv = random_tensor({kN, kSrc, kEmbed}, gen),
+                       grad = random_tensor({kN, kLen, kEmbed}, gen);
+  MultiheadAttentionArgs<double> sinks, plain;
+  sinks.sinks = Tensor<double>({kHeads}, 0.0);
+  sinks.need_weights = plain.need_weights = false;
+  MultiheadAttentionCache<double> ca, cb;
+  const auto a = with.forward(q, kv, kv, sinks, &ca), b = appended.forward(q, kv, kv, plain, &cb);
+  EXPECT_LE(max_diff(a.output, b.output), 1e-14);
+  const auto ga = with.backward(grad, ca), gb = appended.backward(grad, cb);
+  EXPECT_LE(max_diff(ga.grad_query, gb.grad_query), 1e-14);
+  EXPECT_LE(max_diff(ga.grad_key, gb.grad_key), 1e-14);
+  EXPECT_LE(max_diff(ga.grad_value, gb.grad_value), 1e-14);
+  ASSERT_TRUE(ga.grad_sinks.has_value());
+  EXPECT_FALSE(gb.grad_sinks.has_value());
+}
+
+TEST(ModuleVariants, GradientsMatchFiniteDifferences) {
+  MultiheadAttentionOptions o = options();
+  o.softcap = 0.8;
+  o.window_left = 4;
+  MultiheadAttention<double> module(o, 9);
+  Generator gen(4);
+  Tensor<double> q = random_tensor({kN, kLen, kEmbed}, gen), kv = random_tensor({kN, kSrc, kEmbed}, gen);
+  const Tensor<double> grad = random_tensor({kN, kLen, kEmbed}, gen);
+  MultiheadAttentionArgs<double> args;
+  args.need_weights = false;
+  args.sinks = random_tensor({kHeads}, gen);
+  args.alibi_slopes = Tensor<double>({kHeads}, {0.5, 0.125});
+  MultiheadAttentionCache<double> cache;
+  module.forward(q, kv, kv, args, &cache);
+  const auto g = module.backward(grad, cache);
+  auto forward = [&] { return module.forward(q, kv, kv, args).output; };
+  EXPECT_TRUE(check_gradient(replacing(q, forward), q, grad, g.grad_query)) << "grad_query";
+  EXPECT_TRUE(check_gradient(replacing(*args.sinks, forward), *args.sinks, grad, *g.grad_sinks)) << "grad_sinks";
+}
+
+TEST(ModuleVariants, BadSoftcapIsRefused) {
+  MultiheadAttentionOptions o = options();
+  o.softcap = -2;
+  expect_error([&] { MultiheadAttention<float> m(o, 0); },
+               "MultiheadAttention: softcap: expected 0 (none) or a finite cap > 0, got -2");
+}
+
+}  // namespace
+}  // namespace mha::nn
