@@ -350,7 +350,7 @@ void sdpa_case(FuzzInput& in) {
     std::vector<int64_t> lengths;
     const int64_t kind = in.in_range(0, 3);
     if (kind == 0) return lengths;
-    const int64_t count = kind == 3 ? in.in_range(0, 4) : B;
+    const int64_t count = kind == 3 ? in.in_range(0, 4) : std::min<int64_t>(B, 4096);  // B may be 2^62
     for (int64_t b = 0; b < count; ++b) lengths.push_back(kind == 2 ? in.in_range(-1, whole + 1) : in.in_range(0, whole));
     return lengths;
   };
@@ -363,6 +363,42 @@ void sdpa_case(FuzzInput& in) {
   if (!query_lengths.empty())
     options.query_lengths = mha::View<const int64_t>(query_lengths.data(), {query_length_count});
   if (!key_lengths.empty()) options.key_lengths = mha::View<const int64_t>(key_lengths.data(), {key_length_count});
+  // Score variants: a soft-cap (none, tight, loose, or refused); sinks (Hq) and ALiBi slopes (Hq)
+  // or (B, Hq), absent, of a wrong size, or holding a −inf (no sink) or a NaN (refused); packed
+  // offsets (a random split of L and S into sequences, or broken ones; a batch of 1 is required).
+  options.softcap = in.pick<double>({0.0, 0.0, 0.0, 1.5, 30.0, -1.0, std::nan("")});
+  auto per_head = [&](bool per_batch, std::vector<int64_t>& shape) {
+    std::vector<float> values;
+    const int64_t kind = in.in_range(0, per_batch ? 4 : 3);
+    if (kind == 0) return values;
+    shape = kind == 4 ? std::vector<int64_t>{B, Hq} : std::vector<int64_t>{kind == 3 ? in.in_range(0, 5) : Hq};
+    const std::optional<int64_t> elements = product(Shape(shape.begin(), shape.end()));
+    if (!elements || *elements > 4096) return values;
+    const int64_t count = *elements;
+    for (int64_t h = 0; h < count; ++h) values.push_back(static_cast<float>(in.in_range(-8, 8)) / 4.0f);
+    if (!values.empty() && in.in_range(0, 3) == 0) values[0] = in.pick<float>({-kInf, std::nanf(""), kInf});
+    return values;
+  };
+  std::vector<int64_t> sinks_shape, slopes_shape;
+  const std::vector<float> sinks = per_head(false, sinks_shape), slopes = per_head(true, slopes_shape);
+  if (!sinks.empty()) options.sinks = mha::View<const float>(sinks.data(), Shape(sinks_shape.begin(), sinks_shape.end()));
+  if (!slopes.empty())
+    options.alibi_slopes = mha::View<const float>(slopes.data(), Shape(slopes_shape.begin(), slopes_shape.end()));
+  std::vector<int64_t> cu_q, cu_k;
+  if (const int64_t packing = in.in_range(0, 3); packing > 0 && L >= 0 && S >= 0 && L < (1 << 20) && S < (1 << 20)) {
+    const int64_t sequences = in.in_range(0, 4);
+    cu_q.push_back(0);
+    cu_k.push_back(0);
+    for (int64_t n = 1; n < sequences; ++n) {
+      cu_q.push_back(std::max(cu_q.back(), in.in_range(0, L)));
+      cu_k.push_back(std::max(cu_k.back(), in.in_range(0, S)));
+    }
+    cu_q.push_back(L);
+    cu_k.push_back(S);
+    if (packing == 3) cu_k[static_cast<size_t>(in.in_range(0, static_cast<int64_t>(cu_k.size()) - 1))] += in.in_range(-2, 2);
+    options.cu_seqlens_q = mha::View<const int64_t>(cu_q.data(), {static_cast<int64_t>(cu_q.size())});
+    options.cu_seqlens_k = mha::View<const int64_t>(cu_k.data(), {static_cast<int64_t>(cu_k.size())});
+  }
 
   // Values.
   mha::Generator gen(in.u64());
@@ -389,7 +425,7 @@ void sdpa_case(FuzzInput& in) {
       logit_magnitude <= 1.0 && planted == 0 && !(options.scale && std::abs(*options.scale) > 1.0);
   // Keys outside a query's range (causality, lengths) are skipped by cpu_flash: see Checks.
   const bool causal = options.causal != att::Causal::none || !query_lengths.empty() || !key_lengths.empty() ||
-                     options.window_left >= 0 || options.window_right >= 0;
+                     options.window_left >= 0 || options.window_right >= 0 || !cu_q.empty();
   if (attend) options.attend_mask = *attend;
   if (additive) options.additive_mask = *additive;
 
@@ -401,8 +437,9 @@ void sdpa_case(FuzzInput& in) {
                  << static_cast<int>(options.causal) << " scale " << options.scale.value_or(-999)
                  << " dropout " << options.dropout_p << " need_weights " << options.need_weights
                  << " query_lengths " << query_length_count << " key_lengths " << key_length_count << " window "
-                 << options.window_left << "," << options.window_right
-                 << " magnitude " << logit_magnitude << " planted " << planted;
+ << options.window_left << "," << options.window_right
+                 << " softcap " << options.softcap << " sinks " << sinks.size() << " slopes " << slopes.size()
+                 << " sequences " << (cu_q.empty() ? 0 : cu_q.size() - 1) << " magnitude " << logit_magnitude << " planted " << planted;
   const std::string context = context_stream.str();
 
   // Sizes of what the contract says a call returns or walks. If one overflows, the call must
@@ -439,6 +476,16 @@ void sdpa_case(FuzzInput& in) {
   if (additive64) options64.additive_mask = *additive64;
   options64.query_lengths = options.query_lengths;
   options64.key_lengths = options.key_lengths;
+  options64.cu_seqlens_q = options.cu_seqlens_q;
+  options64.cu_seqlens_k = options.cu_seqlens_k;
+  auto in_double = [](const std::vector<float>& values, const std::vector<int64_t>& shape) {
+    Tensor<double> t(Shape(shape.begin(), shape.end()));
+    for (size_t i = 0; i < values.size(); ++i) t[static_cast<int64_t>(i)] = values[i];
+    return t;
+  };
+  std::optional<Tensor<double>> sinks64, slopes64;
+  if (!sinks.empty()) options64.sinks = *(sinks64 = in_double(sinks, sinks_shape));
+  if (!slopes.empty()) options64.alibi_slopes = *(slopes64 = in_double(slopes, slopes_shape));
   options64.need_weights = options.need_weights;
   const auto ref64_error = run_sdpa(q64, k64, v64, dout64, options64, att::Backend::reference, ref64);
   same_errors(flash_error, ref32_error, ref64_error, context);
@@ -458,6 +505,11 @@ void sdpa_case(FuzzInput& in) {
   compare(flash.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key", context, checks);
   compare(flash.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value", context,
           checks);
+  if (flash.grads.grad_sinks.has_value() != options.sinks.defined() ||
+      ref64.grads.grad_sinks.has_value() != options.sinks.defined())
+    finding(context + ": grad_sinks returned or not against sinks");
+  if (options.sinks.defined())
+    compare(*flash.grads.grad_sinks, *ref32.grads.grad_sinks, *ref64.grads.grad_sinks, "grad_sinks", context, checks);
 }
 
 // ------------------------------------------------------------------------------------------
