@@ -10,8 +10,16 @@ Shape B = 1, H = 8, L = S = 16 384, d = 64, float32, causal with a window of W =
   - FlexAttention compiled with a sliding-window BlockMask, forward only (it has no CPU backward),
     when torch.compile works here.
 GFLOP/s count only the pairs a query sees (FlashAttention's 4·B·H·pairs·d forward, 2.5× that for
-the backward), so the window's and the dense call's rates compare directly. Threads:
-torch.get_num_threads(). Writes <build>/bench/variants.json.
+the backward), so the window's and the dense call's rates compare directly.
+
+Then, same run:
+  - soft-cap (Gemma 2's 50) and sinks beside the plain causal call, B = 1, H = 8, L = S = 4096,
+    d = 64, forward and forward+backward;
+  - a packed batch of 16 causal sequences of 64 to 2048 tokens through flash_attn_varlen_func
+    beside the sum of the 16 sequences called one by one (flash_attn_func), H = 8, d = 64;
+  - one decode step (one query per head, H = 32, Hkv = 8, d = 128) with a window of 4096 keys over
+    a 32 768-token cache beside a plain step over a 4096-token cache.
+Threads: torch.get_num_threads(). Writes <build>/bench/variants.json.
 
     python3 scripts/bench/bench_variants.py [build dir] [--quick]   (--quick: L = 2048)
 """
@@ -95,6 +103,61 @@ def main():
         report["results"]["FlexAttention compiled (BlockMask)"] = {"error": str(e).splitlines()[0][:300]}
         print(f"FlexAttention compiled: not run ({str(e).splitlines()[0][:200]})")
 
+    # Soft-cap and sinks beside the plain causal call.
+    Lv = 1024 if quick else 4096
+    qv, kv_, vv, doutv = (t[:, :, :Lv].contiguous() for t in (q, k, v, dout))
+    sinks = torch.randn(H, generator=g)
+    variants = {
+        "mha causal (plain)": dict(),
+        "mha causal + softcap 50": dict(softcap=50.0),
+        "mha causal + sinks": dict(sinks=sinks),
+    }
+    for name, kw in variants.items():
+        call = lambda q, k, v, kw=kw: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+        with torch.inference_mode():
+            fwd = timed(lambda: call(qv, kv_, vv), repeats)
+
+        def run(call=call):
+            leaves = [t.clone().requires_grad_() for t in (qv, kv_, vv)]
+            call(*leaves).backward(doutv)
+        record(name, Lv * (Lv + 1) // 2, fwd, timed(run, repeats))
+
+    # A packed batch against its sequences one by one.
+    lengths = [64, 2048, 128, 1024, 256, 1536, 512, 96, 1800, 640, 200, 1200, 64, 900, 384, 2000]
+    if quick:
+        lengths = [n // 8 for n in lengths]
+    total = sum(lengths)
+    qp, kp, vp, doutp = (torch.randn(total, H, d, generator=g) for _ in range(4))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    pairs_packed = sum(n * (n + 1) // 2 for n in lengths)
+    packed = lambda q, k, v: mha.torch.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+
+    def one_by_one(q, k, v):
+        return torch.cat([mha.torch.flash_attn_func(q[None, a:b], k[None, a:b], v[None, a:b], causal=True)[0]
+                          for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+
+    for name, call in (("mha packed (varlen), 16 sequences", packed), ("mha 16 sequences one by one", one_by_one)):
+        with torch.inference_mode():
+            fwd = timed(lambda: call(qp, kp, vp), repeats)
+
+        def run(call=call):
+            leaves = [t.clone().requires_grad_() for t in (qp, kp, vp)]
+            call(*leaves).backward(doutp)
+        record(name, pairs_packed, fwd, timed(run, repeats))
+
+    # A decode step: a window of 4096 keys over a long cache against a plain step over 4096 keys.
+    Hd, Hkvd, dd, cache, Wd = 32, 8, 128, 8192 if quick else 32768, 4096
+    qd = torch.randn(1, 1, Hd, dd, generator=g)
+    kd, vd = (torch.randn(1, cache, Hkvd, dd, generator=g) for _ in range(2))
+    with torch.inference_mode():
+        step_window = timed(lambda: mha.torch.flash_attn_func(qd, kd, vd, causal=True, window_size=(Wd - 1, 0)), 21)
+        short_k, short_v = kd[:, -Wd:].contiguous(), vd[:, -Wd:].contiguous()
+        step_plain = timed(lambda: mha.torch.flash_attn_func(qd, short_k, short_v, causal=True), 21)
+    report["results"]["decode step"] = {"window_4096_over_cache_us": step_window * 1e6, "plain_4096_us": step_plain * 1e6,
+                                        "cache": cache}
+    print(f"decode step H={Hd} Hkv={Hkvd} d={dd}: window {Wd} over a {cache}-token cache {step_window * 1e6:8.1f} us, "
+          f"plain over {Wd} keys {step_plain * 1e6:8.1f} us: {step_window / step_plain:.2f}x")
+
     r = report["results"]
     ratio = lambda a, b, key: r[a][key] / r[b][key]
     print(f"window / dense causal GFLOP/s: forward {ratio('mha window', 'mha dense causal', 'forward_gflops'):.2f}, "
@@ -105,6 +168,13 @@ def main():
     flex_name = "FlexAttention compiled (BlockMask)"
     if "forward_ms" in r[flex_name]:
         print(f"FlexAttention / mha window: forward {r[flex_name]['forward_ms'] / r['mha window']['forward_ms']:.2f}x")
+    plain = r["mha causal (plain)"]
+    for name in ("mha causal + softcap 50", "mha causal + sinks"):
+        print(f"{name[len('mha causal + '):]:10} / plain: forward {r[name]['forward_ms'] / plain['forward_ms']:.3f}x, "
+              f"forward+backward {r[name]['forward_backward_ms'] / plain['forward_backward_ms']:.3f}x the time")
+    one, many = r["mha packed (varlen), 16 sequences"], r["mha 16 sequences one by one"]
+    print(f"packed / one by one: forward {many['forward_ms'] / one['forward_ms']:.2f}x, "
+          f"forward+backward {many['forward_backward_ms'] / one['forward_backward_ms']:.2f}x the speed")
     os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     write_json(os.path.join(build, "bench", "variants.json"), report)
 

@@ -369,7 +369,15 @@ inline void check_against_reference(Backend backend, const Case& c, uint64_t see
   rule.expect(got.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
   rule.expect(got.grads.grad_key, ref32.grads.grad_key, ref64.grads.grad_key, "grad_key");
   rule.expect(got.grads.grad_value, ref32.grads.grad_value, ref64.grads.grad_value, "grad_value");
-  if (c.sinks) rule.expect(*got.grads.grad_sinks, *ref32.grads.grad_sinks, *ref64.grads.grad_sinks, "grad_sinks");
+  // grad_sinks is a sum over all B·L rows of each head: two float backends' errors there are two
+  // random walks, whose ratio is noisy for Hq <= 4 elements (cpu_flash / float reference, one
+  // sweep case over 8 seeds: 1.0, 0.71, 1.0, 1.0, 1.63, 0.58, 1.0, 2.05), so it takes the rule's
+  // form for values far from 1 (+ 1e-6 of the largest, as python/tests/test_torch.py).
+  if (c.sinks) {
+    FlashRule sums{rule.backend, true};
+    sums.expect(*got.grads.grad_sinks, *ref32.grads.grad_sinks, *ref64.grads.grad_sinks, "grad_sinks");
+    rule.worst_fraction = std::max(rule.worst_fraction, sums.worst_fraction);
+  }
   if (c.need_weights) rule.expect(*got.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
 }
 
