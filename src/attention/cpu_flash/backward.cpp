@@ -79,7 +79,7 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
 // alone (never of the thread count).
 struct Plan {
   int64_t B, Hq, Hkv, L, S, G;
-  size_t Dqk, Dv, W, Br = kBackwardQueries, Bc = kBackwardKeys;
+  size_t Dqk, Dv, W, Br, Bc = kBackwardKeys;
   // Key segments: all keys at once, or kBackwardKeySegment at a time for long ones (see above).
   bool two_sweeps;
   size_t segment;
@@ -102,6 +102,7 @@ struct Plan {
   explicit Plan(const Problem& p)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), W(panel_width()),
+        Br(to_size(block_rows(p, kBackwardQueries))),
         two_sweeps(S > kLongKeys),
         segment(two_sweeps ? kBackwardKeySegment : to_size(S)),
         segments((S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment)),
@@ -127,6 +128,7 @@ struct Scratch {
   Buffer<float> probs, dprobs, bias, factors, q_scaled, qt, dot, dq, delta, lse_hi, lse_lo, renorm;
   Buffer<double> row_dot, row_mass, mass;
   Buffer<int64_t> first, end;
+  std::vector<KeyRange> visible;  // each row's key range
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
 
   Scratch(const Plan& n, bool masked, bool dropout, bool softcapped)
@@ -135,7 +137,7 @@ struct Scratch {
         probs(n.Br * n.key_stride), dprobs(n.Br * n.key_stride), bias(masked ? n.Br * n.key_stride : 0),
         factors(dropout ? n.Br * n.key_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
-        row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br),
+        row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br), visible(n.Br),
         cap_slope(softcapped ? n.Br * n.key_stride : 0) {}
 
   float* dkt() { return kvt.data(); }
@@ -239,6 +241,7 @@ class Backward {
               double* sum_dot, double* sum_mass) {
     const float* dout_block = a_.grad_output.row(b, h, i0);
     const size_t dout_ld = to_size(a_.grad_output.stride_row), W = n_.W, ks = n_.key_stride;
+    for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0);
       multiply(rows, cols, n_.Dqk, {s.q_scaled.data(), n_.Dqk}, {s.kt_packed.data() + c0 * n_.Dqk, W, n_.Dqk * W},
@@ -246,7 +249,8 @@ class Backward {
       multiply(rows, cols, n_.Dv, {dout_block, dout_ld}, {s.vt_packed.data() + c0 * n_.Dv, W, n_.Dv * W},
                {s.dprobs.data() + c0, ks}, false);
       const ScoreTile t = make_tile(p_, additions_, s.tile(c0), s.probs.data() + c0, ks, b, rows, j0, cols,
-                                    [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; });
+                                    [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; },
+                                    s.visible.data());
       probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), s.dprobs.data() + c0, sum_dot, sum_mass);
     }
   }

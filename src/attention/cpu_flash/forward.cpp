@@ -13,6 +13,7 @@
 // new maximum, so the final O / l is Σ_j softmax(s)_j·z_j·v_j whatever the order of blocks.
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "blocks.h"
 #include "cpu_flash.h"
@@ -23,11 +24,13 @@ using namespace cpu_flash;
 
 namespace {
 
-// The kv head's B operands in panels: Kᵀ (Dqk × S, panels of keys) for S = Q·Kᵀ and V (S × Dv,
-// panels of value columns) for O += P·V.
+// The kv head's B operands in panels over its keys [first, first + count): Kᵀ (Dqk × count,
+// panels of keys) for S = Q·Kᵀ and V (count × Dv, panels of value columns) for O += P·V. `first`
+// is a multiple of kKeyAlign, so the key walks' tiles start on panels.
 struct PackedKv {
   const float* kt;
   const float* v;
+  int64_t first = 0, count = 0;
 };
 
 // One thread's scratch for query blocks of at most Br rows: the score tile and its additions
@@ -37,6 +40,7 @@ struct Scratch {
   Buffer<float> scores, bias, factors, out, q_scaled, row_max, lse_hi, lse_lo;
   Buffer<double> row_sum;
   Buffer<int64_t> first, end;
+  std::vector<KeyRange> visible;  // each row's key range
 
   Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded)
       : dv_padded(dv_padded),
@@ -50,7 +54,8 @@ struct Scratch {
         lse_lo(kForwardQueries),
         row_sum(kForwardQueries),
         first(kForwardQueries),
-        end(kForwardQueries) {}
+        end(kForwardQueries),
+        visible(kForwardQueries) {}
 
   TileScratch tile() {
     return {bias.size() ? bias.data() : nullptr, factors.size() ? factors.data() : nullptr, nullptr, first.data(),
@@ -62,7 +67,7 @@ struct Scratch {
 // output and logsumexp rows, then (when asked) the weights.
 void forward_query_block(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a,
                          const PackedKv& kv, Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) {
-  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim), S = to_size(p.key_len);
+  const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
   const size_t W = panel_width(), Bc = kForwardKeys, dv_padded = s.dv_padded;
   // The row state before any key: m = −inf, l = 0, or the sink's logit with its term, m = sink, l = 1.
   const float sink = static_cast<float>(a.sinks.of(b, h));
@@ -75,11 +80,12 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   }
   // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ, and the additions the kernels apply.
   auto score_tile = [&](int64_t j0, size_t cols) {
-    multiply(rows, cols, Dqk, {s.q_scaled.data(), Dqk}, {kv.kt + to_size(j0) * Dqk, W, Dqk * W},
+    multiply(rows, cols, Dqk, {s.q_scaled.data(), Dqk}, {kv.kt + to_size(j0 - kv.first) * Dqk, W, Dqk * W},
              {s.scores.data(), Bc}, false);
     return make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
-                     [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; });
+                     [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
   };
+  for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
   // The key blocks some row of the block sees, the last one trimmed to the last such key.
   const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
   auto for_each_key_block = [&](auto&& step) {
@@ -91,8 +97,8 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   for_each_key_block([&](int64_t j0, size_t cols) {
     const ScoreTile t = score_tile(j0, cols);
     online_softmax_tile(t, s.row_max.data(), s.row_sum.data(), s.out.data(), dv_padded, Dv);
-    multiply(rows, Dv, cols, {s.scores.data(), Bc}, {kv.v + to_size(j0) * W, W, S * W}, {s.out.data(), dv_padded},
-             true);
+    multiply(rows, Dv, cols, {s.scores.data(), Bc}, {kv.v + to_size(j0 - kv.first) * W, W, to_size(kv.count) * W},
+             {s.out.data(), dv_padded}, true);
   });
 
   // 2. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
@@ -148,37 +154,48 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
   const size_t W = panel_width();
   const size_t keys_padded = round_up(to_size(S), W);  // keys as columns of Kᵀ, whole panels
   const size_t dv_padded = round_up(Dv, W);
-  const int64_t Br = static_cast<int64_t>(kForwardQueries);
+  const int64_t Br = block_rows(p, kForwardQueries);
 
   // One task per (b, h, block of Br queries); tasks run in parallel, each writes only its rows.
   const QueryBlocks blocks(p, Br);
   const int64_t query_blocks = blocks.count();
   const int64_t tasks = B * Hq * query_blocks;
   // The packed kv head (PackedKv). Short keys: each thread packs the kv head of its task when that
-  // moves to another one (consecutive tasks mostly share one), O(S·d) per thread. Long keys: one
-  // shared copy, the kv heads taken one after another.
+  // moves to another one (consecutive tasks mostly share one), O(S·d) per thread; of a packed
+  // call, only the task's sequence's keys, so that what a task reads stays in cache. Long keys:
+  // one shared copy, the kv heads taken one after another.
   const bool shared_packs = S > kLongKeys;
   const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
   Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
   Buffer<float> shared_v(shared_packs ? v_size : 0, Buffer<float>::Uninitialized);
-  auto pack_kv_head = [&](int64_t kv, float* kt, float* v) {  // kv = b·Hkv + kv head
-    pack_transposed(a.key.row(kv / Hkv, kv % Hkv, 0), to_size(a.key.stride_row), to_size(S), Dqk, kt);
-    pack_rows(a.value.row(kv / Hkv, kv % Hkv, 0), to_size(a.value.stride_row), to_size(S), Dv, v);
+  // Keys [first, first + count) of kv head kv (= b·Hkv + kv head) into kt and v.
+  auto pack_kv_head = [&](int64_t kv, int64_t first, int64_t count, float* kt, float* v) {
+    pack_transposed(a.key.row(kv / Hkv, kv % Hkv, first), to_size(a.key.stride_row), to_size(count), Dqk, kt);
+    pack_rows(a.value.row(kv / Hkv, kv % Hkv, first), to_size(a.value.stride_row), to_size(count), Dv, v);
   };
 #pragma omp parallel
   {
     Buffer<float> own_kt(shared_packs ? 0 : kt_size, Buffer<float>::Uninitialized);
     Buffer<float> own_v(shared_packs ? 0 : v_size, Buffer<float>::Uninitialized);
-    const PackedKv packed = shared_packs ? PackedKv{shared_kt.data(), shared_v.data()} : PackedKv{own_kt.data(), own_v.data()};
+    PackedKv packed = shared_packs ? PackedKv{shared_kt.data(), shared_v.data(), 0, S}
+                                   : PackedKv{own_kt.data(), own_v.data(), 0, 0};
     int64_t packed_kv = -1;
     Scratch scratch(p, additions.present(), Dqk, dv_padded);
 
     auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
       const QueryBlocks::Block block = blocks[task % query_blocks];
-      if (!shared_packs && kv != packed_kv) {
-        pack_kv_head(kv, own_kt.data(), own_v.data());
-        packed_kv = kv;
+      if (!shared_packs) {
+        int64_t first = 0, end = S;  // a packed call's block: its sequence's keys
+        if (p.packed.present()) {
+          const Sequence seq = p.sequence_of(b, block.first);
+          first = seq.key_start / kKeyAlign * kKeyAlign;
+          end = p.packed.k(seq.index + 1);
+        }
+        if (kv != packed_kv || first != packed.first || end - first != packed.count) {
+          pack_kv_head(kv, first, end - first, own_kt.data(), own_v.data());
+          std::tie(packed_kv, packed.first, packed.count) = std::tuple(kv, first, end - first);
+        }
       }
       forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
@@ -191,7 +208,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
       const int64_t tasks_per_kv = p.group_size() * query_blocks;
       for (int64_t kv = 0; kv < B * Hkv; ++kv) {
 #pragma omp single
-        pack_kv_head(kv, shared_kt.data(), shared_v.data());  // O(S·d), against O(L·S·d) of work
+        pack_kv_head(kv, 0, S, shared_kt.data(), shared_v.data());  // O(S·d), against O(L·S·d) of work
 #pragma omp for schedule(dynamic)
         for (int64_t task = kv * tasks_per_kv; task < (kv + 1) * tasks_per_kv; ++task) run_task(task);
       }

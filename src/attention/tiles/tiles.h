@@ -74,9 +74,12 @@ struct TileScratch {
 //   dropout  each probability's factor, 0 or 1/(1 − p), at the whole call's positions;
 //   softcap  Scoring::softcap, which the kernels apply to q·k (and cap_slope for its derivative).
 // cpu_flash's rows are consecutive queries of one head; decode's run through a GQA group's heads.
+// `visible`, when given, holds each row's Problem::visible_keys, worked out once for a block of rows
+// that walks several tiles (cpu_flash), rather than once a tile.
 template <class RowOf>
 ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, const TileScratch& scratch,
-                    float* scores, size_t stride, int64_t b, size_t rows, int64_t j0, size_t cols, RowOf row_of) {
+                    float* scores, size_t stride, int64_t b, size_t rows, int64_t j0, size_t cols, RowOf row_of,
+                    const KeyRange* visible_rows = nullptr) {
   ScoreTile t{scores, stride, rows, cols};
   const int64_t j1 = j0 + static_cast<int64_t>(cols);
   const float kept = static_cast<float>(p.dropout_scale());
@@ -88,7 +91,7 @@ ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, co
       float* bias = scratch.bias + r * stride;
       for (size_t c = 0; c < cols; ++c) bias[c] = masks(j0 + static_cast<int64_t>(c));
     }
-    const KeyRange visible = p.visible_keys(b, i);
+    const KeyRange visible = visible_rows ? visible_rows[r] : p.visible_keys(b, i);
     scratch.first[r] = visible.begin - j0;
     scratch.end[r] = visible.end - j0;
     edges = edges || visible.begin > j0 || visible.end < j1;
