@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: a short tour of mha through three of the tutorial scenarios, a real pretrained sentence
-# encoder (all-MiniLM-L6-v2) ranking sentences, generation with a KV cache, mha from Python, then one attention call
+# encoder (all-MiniLM-L6-v2) ranking sentences, generation with a KV cache, mha from Python, the
+# attention variants models use (window, soft-cap, sinks, ALiBi, packed sequences), then one attention call
 # split across four processes (MPI, when built with it). Each example prints
 # the shape of every stage and checks itself against the plain formula (exit 1 on a mismatch);
 # the attention pictures go to build/demo/.
@@ -11,25 +12,28 @@ mkdir -p "$pictures"
 
 section() { printf '\n\033[1m== %s ==\033[0m\n\n' "$1"; }
 
-section "1/7  Sentence self-attention (tutorial 000): tokens, padding, 512-wide embedding, 8 heads"
+section "1/8  Sentence self-attention (tutorial 000): tokens, padding, 512-wide embedding, 8 heads"
 "$build/examples/sentence_self_attention" --heatmap "$pictures/sentence_self_attention.png"
 
-section "2/7  Cross-attention with q/k head size 16 != v head size 32 (tutorial 003)"
+section "2/8  Cross-attention with q/k head size 16 != v head size 32 (tutorial 003)"
 "$build/examples/cross_attention" --heatmap "$pictures/cross_attention.png"
 
-section "3/7  Pre-norm residual block, forward and backward (tutorial 001)"
+section "3/8  Pre-norm residual block, forward and backward (tutorial 001)"
 "$build/examples/pre_norm_residual_block"
 
-section "4/7  Semantic search with all-MiniLM-L6-v2 (a pretrained BERT encoder, tokenizer to embeddings, in mha)"
+section "4/8  Semantic search with all-MiniLM-L6-v2 (a pretrained BERT encoder, tokenizer to embeddings, in mha)"
 "$build/examples/semantic_search"
 
-section "5/7  Generation with a KV cache: token by token, checked against the full recompute (bfloat16 cache)"
+section "5/8  Generation with a KV cache: token by token, checked against the full recompute (bfloat16 cache)"
 "$build/examples/generate" --cache bfloat16
 
-section "6/7  From Python: the numpy API, and mha inside PyTorch (examples/python)"
+section "6/8  From Python: the numpy API, and mha inside PyTorch (examples/python)"
 "${PYTHON:-.venv/bin/python}" examples/python/attention_from_python.py
 
-section "7/7  Across processes: one causal attention call split over 4 MPI ranks (ring and Ulysses), checked"
+section "7/8  The variants models use: sliding window, soft-cap, sinks, ALiBi, packed sequences (examples/python/variants.py)"
+"${PYTHON:-.venv/bin/python}" examples/python/variants.py
+
+section "8/8  Across processes: one causal attention call split over 4 MPI ranks (ring and Ulysses), checked"
 if [[ -x "$build/examples/context_parallel" ]]; then
   # Open MPI as root in a container, more ranks than cores, idle ranks yielding (docs/distributed.md).
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 \

@@ -26,17 +26,16 @@ def reference(q, k, v, causal="none", window=(-1, -1), softcap=0.0, sinks=None, 
     s = (q @ k.transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)
     if softcap:
         s = torch.tanh(s / softcap) * softcap
-    d = 0 if causal == "top_left" else S - L
+    d = 0 if causal == "top_left" else S - L  # query i's own key is i + d
+    rights = [r for r in (window[1], 0 if causal != "none" else -1) if r >= 0]  # causality is a right side of 0
+    see = torch.ones(L, S, dtype=torch.bool)
+    if rights:
+        see = see.tril(d + min(rights))
+    if window[0] >= 0:
+        see = see.triu(d - window[0])
+    s = s.masked_fill(~see, float("-inf"))
     i = torch.arange(L).unsqueeze(-1) + d
     j = torch.arange(S)
-    see = torch.ones(L, S, dtype=torch.bool)
-    if window[0] >= 0:
-        see &= j >= i - window[0]
-    if window[1] >= 0:
-        see &= j <= i + window[1]
-    if causal != "none":
-        see &= j <= i
-    s = s.masked_fill(~see, float("-inf"))
     if slopes is not None:
         slopes = slopes if slopes.dim() == 2 else slopes.unsqueeze(0).expand(B, -1)
         s = s - slopes[:, :, None, None] * (i - j).abs().to(s.dtype)

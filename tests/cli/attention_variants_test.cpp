@@ -1,10 +1,15 @@
-// `mha attention --softcap C` and the input file's `sinks` and `alibi_slopes`: the module's score
-// variants from the command line.
+// `mha attention --window LEFT,RIGHT`, `--softcap C` and the input file's `sinks` and
+// `alibi_slopes`: the module's attention variants from the command line.
+//   - with --window the file written (forward and --backward, float64 on the reference backend) is
+//     byte for byte the file of the same call given the window as a bool attn_mask (True =
+//     blocked) built here from the definition: query i sees key j when i + d − LEFT <= j <=
+//     i + d + RIGHT, d = S − L without causality;
 //   - the file written (forward and --backward, float64) holds what the module computes in
 //     process with the same options and tensors, bit for bit, grad_sinks included;
 //   - ALiBi slopes in the file write, byte for byte, the file of the same call given the biases
 //     as a float attn_mask (N·H, L, S) built here from −slope·|i + S − L − j|;
-//   - a bad soft-cap, sinks of the wrong shape or non-finite are one-line errors that leave no file.
+//   - bad windows, a bad soft-cap, sinks of the wrong shape or non-finite are one-line errors that
+//     leave no file.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,18 +38,18 @@ class AttentionVariantsCli : public mha::testing::CliTest {
 
   // Inputs (L, N, E) with distinct keys and values, sinks and (N, H) slopes.
   void SetUp() override {
-    Generator gen(6);
-    auto random = [&](Shape shape) {
-      Tensor<double> t(std::move(shape));
-      for (auto& x : t.values()) x = gen.normal();
-      return t;
-    };
     query = random({kLen, kBatch, kEmbed});
     key = random({kSrc, kBatch, kEmbed});
     value = random({kSrc, kBatch, kEmbed});
     grad_output = random({kLen, kBatch, kEmbed});
     sinks = random({kHeads});
     slopes = Tensor<double>({kBatch, kHeads}, {0.5, 0.25, 0.75, 0.125});
+  }
+
+  Tensor<double> random(Shape shape) {
+    Tensor<double> t(std::move(shape));
+    for (auto& x : t.values()) x = gen.normal();
+    return t;
   }
 
   st::File inputs() const {
@@ -56,11 +61,31 @@ class AttentionVariantsCli : public mha::testing::CliTest {
     return f;
   }
 
+  // The window tests' inputs (L = 7, S = 11), and the same with the window 2,1 as a mask.
+  void write_window_inputs() {
+    static constexpr int64_t kWindowLen = 7, kWindowSrc = 11;
+    st::File inputs;
+    inputs.tensors["query"] = st::from_tensor(random({kWindowLen, 2, kEmbed}));
+    inputs.tensors["key"] = st::from_tensor(random({kWindowSrc, 2, kEmbed}));
+    inputs.tensors["value"] = st::from_tensor(random({kWindowSrc, 2, kEmbed}));
+    inputs.tensors["grad_output"] = st::from_tensor(random({kWindowLen, 2, kEmbed}));
+    st::save(inputs, path("inputs.safetensors"));
+    Tensor<bool> blocked({kWindowLen, kWindowSrc});
+    for (int64_t i = 0; i < kWindowLen; ++i)
+      for (int64_t j = 0; j < kWindowSrc; ++j) {
+        const int64_t d = kWindowSrc - kWindowLen;
+        blocked[i * kWindowSrc + j] = !(j >= i + d - 2 && j <= i + d + 1);  // window 2,1
+      }
+    inputs.tensors["attn_mask"] = st::from_tensor(blocked);
+    st::save(inputs, path("masked.safetensors"));
+  }
+
   std::string bytes(const std::string& name) const {
     std::ifstream in(path(name), std::ios::binary);
     return {std::istreambuf_iterator<char>(in), {}};
   }
 
+  Generator gen{6};
   Tensor<double> query, key, value, grad_output, sinks, slopes;
 };
 
@@ -136,6 +161,37 @@ TEST_F(AttentionVariantsCli, BadValuesAreRefused) {
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_NE(r.output.find(needle), std::string::npos) << flags << ": " << r.output;
     EXPECT_FALSE(fs::exists(path("out.safetensors"))) << flags;
+  }
+}
+
+TEST_F(AttentionVariantsCli, WindowWritesTheFileOfTheWindowAsAMask) {
+  write_window_inputs();
+  const std::string common = "attention --embed-dim 8 --num-heads 2 --dtype float64 --backward --seed 4 ";
+  const CliResult windowed = run_cli(common + "--window 2,1 --inputs " + path("inputs.safetensors") + " --output " +
+                                     path("windowed.safetensors"));
+  ASSERT_EQ(windowed.exit_code, 0) << windowed.output;
+  const CliResult masked = run_cli(common + "--inputs " + path("masked.safetensors") + " --output " +
+                                   path("masked_out.safetensors"));
+  ASSERT_EQ(masked.exit_code, 0) << masked.output;
+  const CliResult plain = run_cli(common + "--inputs " + path("inputs.safetensors") + " --output " +
+                                  path("plain.safetensors"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(bytes("windowed.safetensors"), bytes("masked_out.safetensors"));
+  EXPECT_NE(bytes("windowed.safetensors"), bytes("plain.safetensors"));  // the window does something
+}
+
+TEST_F(AttentionVariantsCli, BadWindowsAreRefused) {
+  write_window_inputs();
+  const std::string common = "attention --embed-dim 8 --num-heads 2 --inputs " + path("inputs.safetensors") +
+                             " --output " + path("out.safetensors") + " --window ";
+  for (auto [window, needle] : {std::pair<std::string, std::string>{"-2,0", "window_left: expected -1 (unbounded)"},
+                                {"3,-9", "window_right: expected -1 (unbounded)"},
+                                {"3", "--window"},
+                                {"a,b", "--window"}}) {
+    const CliResult r = run_cli(common + window);
+    EXPECT_NE(r.exit_code, 0) << window;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << window << ": " << r.output;
+    EXPECT_FALSE(fs::exists(path("out.safetensors"))) << window;
   }
 }
 

@@ -324,6 +324,18 @@ bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<size_t>(a.numel())) == 0;
 }
 
+// Every output and gradient of two runs bit for bit (threads counts, blocks against the whole).
+template <class T>
+void expect_bitwise(const Results<T>& a, const Results<T>& b) {
+  EXPECT_TRUE(bitwise_equal(a.fwd.output, b.fwd.output)) << "output";
+  EXPECT_TRUE(bitwise_equal(a.fwd.logsumexp, b.fwd.logsumexp)) << "logsumexp";
+  EXPECT_TRUE(bitwise_equal(a.grads.grad_query, b.grads.grad_query)) << "grad_query";
+  EXPECT_TRUE(bitwise_equal(a.grads.grad_key, b.grads.grad_key)) << "grad_key";
+  EXPECT_TRUE(bitwise_equal(a.grads.grad_value, b.grads.grad_value)) << "grad_value";
+  EXPECT_EQ(a.grads.grad_sinks.has_value(), b.grads.grad_sinks.has_value());
+  if (a.grads.grad_sinks && b.grads.grad_sinks) EXPECT_TRUE(bitwise_equal(*a.grads.grad_sinks, *b.grads.grad_sinks));
+}
+
 // FlashAttention's rule for a fast backend: on the same float inputs, its error against the
 // reference in double is at most twice the float reference's, + 1e-6 (`scaled`: + 1e-6 of the
 // largest reference value, as python/tests/test_torch.py has it, for values far from 1). Keeps
