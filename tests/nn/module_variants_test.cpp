@@ -44,6 +44,25 @@ bool bitwise_equal(const Tensor<double>& a, const Tensor<double>& b) {
                                               [](double x, double y) { return x == y || (x != x && y != y); });
 }
 
+// Module a with args_a and module b with args_b on the same inputs: the output, the weights and every
+// gradient (inputs' and parameters') bit for bit.
+void expect_same_results(MultiheadAttention<double>& a, const MultiheadAttentionArgs<double>& args_a,
+                         MultiheadAttention<double>& b, const MultiheadAttentionArgs<double>& args_b,
+                         const Tensor<double>& q, const Tensor<double>& kv, const Tensor<double>& grad) {
+  MultiheadAttentionCache<double> cache_a, cache_b;
+  const auto fa = a.forward(q, kv, kv, args_a, &cache_a), fb = b.forward(q, kv, kv, args_b, &cache_b);
+  EXPECT_TRUE(bitwise_equal(fa.output, fb.output));
+  ASSERT_TRUE(fa.attn_weights && fb.attn_weights);
+  EXPECT_TRUE(bitwise_equal(*fa.attn_weights, *fb.attn_weights));
+  const auto ga = a.backward(grad, cache_a), gb = b.backward(grad, cache_b);
+  EXPECT_TRUE(bitwise_equal(ga.grad_query, gb.grad_query));
+  EXPECT_TRUE(bitwise_equal(ga.grad_key, gb.grad_key));
+  EXPECT_TRUE(bitwise_equal(ga.grad_value, gb.grad_value));
+  auto pa = a.parameters(), pb = b.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bitwise_equal(*pa[i].grad, *pb[i].grad)) << pa[i].name;
+}
+
 constexpr int64_t kN = 2, kLen = 6, kSrc = 9, kEmbed = 8, kHeads = 2;
 
 MultiheadAttentionOptions options() {
@@ -78,19 +97,7 @@ TEST(ModuleVariants, EqualsTheModuleGivenTheWindowAsAMask) {
       }
     MultiheadAttentionArgs<double> with_args, mask_args;
     mask_args.attn_mask = blocked;
-    MultiheadAttentionCache<double> with_cache, mask_cache;
-    const auto a = with.forward(q, kv, kv, with_args, &with_cache);
-    const auto b = masked.forward(q, kv, kv, mask_args, &mask_cache);
-    EXPECT_TRUE(bitwise_equal(a.output, b.output));
-    ASSERT_TRUE(a.attn_weights && b.attn_weights);
-    EXPECT_TRUE(bitwise_equal(*a.attn_weights, *b.attn_weights));
-    const auto ga = with.backward(grad, with_cache), gb = masked.backward(grad, mask_cache);
-    EXPECT_TRUE(bitwise_equal(ga.grad_query, gb.grad_query));
-    EXPECT_TRUE(bitwise_equal(ga.grad_key, gb.grad_key));
-    EXPECT_TRUE(bitwise_equal(ga.grad_value, gb.grad_value));
-    auto pa = with.parameters(), pb = masked.parameters();
-    ASSERT_EQ(pa.size(), pb.size());
-    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bitwise_equal(*pa[i].grad, *pb[i].grad)) << pa[i].name;
+    expect_same_results(with, with_args, masked, mask_args, q, kv, grad);
   }
 }
 
@@ -118,16 +125,7 @@ TEST(ModuleVariants, AlibiEqualsItsBiasAsAnAttentionMask) {
   MultiheadAttentionArgs<double> alibi, mask;
   alibi.alibi_slopes = slopes;
   mask.attn_mask = bias;
-  MultiheadAttentionCache<double> ca, cb;
-  const auto a = with.forward(q, kv, kv, alibi, &ca), b = masked.forward(q, kv, kv, mask, &cb);
-  EXPECT_TRUE(bitwise_equal(a.output, b.output));
-  EXPECT_TRUE(bitwise_equal(*a.attn_weights, *b.attn_weights));
-  const auto ga = with.backward(grad, ca), gb = masked.backward(grad, cb);
-  EXPECT_TRUE(bitwise_equal(ga.grad_query, gb.grad_query));
-  EXPECT_TRUE(bitwise_equal(ga.grad_key, gb.grad_key));
-  EXPECT_TRUE(bitwise_equal(ga.grad_value, gb.grad_value));
-  auto pa = with.parameters(), pb = masked.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bitwise_equal(*pa[i].grad, *pb[i].grad)) << pa[i].name;
+  expect_same_results(with, alibi, masked, mask, q, kv, grad);
 }
 
 TEST(ModuleVariants, SinksOfZeroAreAZeroKey) {
