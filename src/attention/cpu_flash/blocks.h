@@ -42,8 +42,9 @@ static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile hold
 // Rows per query block: `rows`, or half as many under a sliding window narrower than 512 keys on
 // its left. A block's key walk is about rows + W keys wide where each row sees W (plus up to 63
 // for the walk's alignment), so smaller blocks compute fewer hidden scores; the micro-kernel's
-// 6-row strips still fill. Measured (W = 256, B = 1, H = 8, L = 16 384, d = 64, 2 threads,
-// forward): 98 GFLOP/s of visible pairs with 48 rows against 83 with 96, 84 with 24.
+// 6-row strips still fill. Measured (W = 256, B = 1, H = 8, L = 16 384, d = 64, 2 threads, three
+// alternating runs on a noisy machine): forward 90, 78, 73 GFLOP/s of visible pairs with 48 rows
+// against 88, 81, 70 with 96; backward 95, 81, 85 against 88, 86, 76; 24 rows were slower.
 inline int64_t block_rows(const Problem& p, size_t rows) {
   const int64_t left = p.settings.window_left;
   return static_cast<int64_t>(left >= 0 && left < 512 ? rows / 2 : rows);
