@@ -26,6 +26,9 @@ constexpr size_t kForwardQueries = 96;
 constexpr size_t kForwardKeys = 256;
 constexpr size_t kBackwardQueries = 96;
 constexpr size_t kBackwardKeys = 256;
+// Under a sliding window the forward multiplies each group of kBandRows rows over the columns that
+// group sees (forward.cpp): two of the micro-kernel's 6-row strips.
+constexpr size_t kBandRows = 12;
 static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
 
 // Long key sequences (more than kLongKeys keys) change how the kernels hold a kv head, so that the

@@ -78,14 +78,49 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
     const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
     for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
   }
-  // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ, and the additions the kernels apply.
+  for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
+  // The tile's columns [begin, end) that rows [g0, g0 + n) see, widened to whole panels: under a
+  // sliding window the block's rows see bands of the tile, and each group of kBandRows rows
+  // multiplies only its own (both products); elsewhere one group spans the block.
+  const size_t band_rows = p.settings.window_left >= 0 ? kBandRows : rows;
+  auto band = [&](size_t g0, size_t n, int64_t j0, size_t cols) {
+    int64_t begin = std::numeric_limits<int64_t>::max(), end = 0;
+    for (size_t r = g0; r < g0 + n; ++r)
+      if (!s.visible[r].empty()) begin = std::min(begin, s.visible[r].begin), end = std::max(end, s.visible[r].end);
+    const int64_t first = std::clamp<int64_t>(begin - j0, 0, static_cast<int64_t>(cols)) / static_cast<int64_t>(W) *
+                          static_cast<int64_t>(W);
+    const int64_t last = std::clamp<int64_t>(end - j0, 0, static_cast<int64_t>(cols));
+    return std::pair{to_size(first), to_size(std::max(first, last))};
+  };
+  // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ on each group's band (zero beside it,
+  // where the tile's edges hide every column), and the additions the kernels apply.
   auto score_tile = [&](int64_t j0, size_t cols) {
-    multiply(rows, cols, Dqk, {s.q_scaled.data(), Dqk}, {kv.kt + to_size(j0 - kv.first) * Dqk, W, Dqk * W},
-             {s.scores.data(), Bc}, false);
+    for (size_t g0 = 0; g0 < rows; g0 += band_rows) {
+      const size_t n = std::min(band_rows, rows - g0);
+      const auto [c0, c1] = band_rows < rows ? band(g0, n, j0, cols) : std::pair{size_t{0}, cols};
+      float* tile = s.scores.data() + g0 * Bc;
+      if (c1 > c0)
+        multiply(n, c1 - c0, Dqk, {s.q_scaled.data() + g0 * Dqk, Dqk},
+                 {kv.kt + to_size(j0 - kv.first + static_cast<int64_t>(c0)) * Dqk, W, Dqk * W}, {tile + c0, Bc}, false);
+      for (size_t r = 0; band_rows < rows && r < n; ++r) {
+        std::fill(tile + r * Bc, tile + r * Bc + c0, 0.0f);
+        std::fill(tile + r * Bc + c1, tile + r * Bc + cols, 0.0f);
+      }
+    }
     return make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
                      [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
   };
-  for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
+  // O += P·V over each group's band (P is 0 beside it).
+  auto add_values = [&](int64_t j0, size_t cols) {
+    for (size_t g0 = 0; g0 < rows; g0 += band_rows) {
+      const size_t n = std::min(band_rows, rows - g0);
+      const auto [c0, c1] = band_rows < rows ? band(g0, n, j0, cols) : std::pair{size_t{0}, cols};
+      if (c1 > c0)
+        multiply(n, Dv, c1 - c0, {s.scores.data() + g0 * Bc + c0, Bc},
+                 {kv.v + to_size(j0 - kv.first + static_cast<int64_t>(c0)) * W, W, to_size(kv.count) * W},
+                 {s.out.data() + g0 * dv_padded, dv_padded}, true);
+    }
+  };
   // The key blocks some row of the block sees, the last one trimmed to the last such key.
   const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
   auto for_each_key_block = [&](auto&& step) {
@@ -97,8 +132,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   for_each_key_block([&](int64_t j0, size_t cols) {
     const ScoreTile t = score_tile(j0, cols);
     online_softmax_tile(t, s.row_max.data(), s.row_sum.data(), s.out.data(), dv_padded, Dv);
-    multiply(rows, Dv, cols, {s.scores.data(), Bc}, {kv.v + to_size(j0 - kv.first) * W, W, to_size(kv.count) * W},
-             {s.out.data(), dv_padded}, true);
+    add_values(j0, cols);
   });
 
   // 2. O = O / l and logsumexp = m + log l (in double: see attention.h). A row that saw
