@@ -224,8 +224,9 @@ def test_merge_attention_states_gives_the_whole_call():
 
 @pytest.mark.parametrize("case", VARIANT_CASES)
 def test_variant_goldens(case):
-    """The goldens Gemma 2's, gpt-oss's and Bloom's code in transformers and FlashAttention's
-    attention_ref wrote, through the numpy API (float32 under FlashAttention's rule, float64)."""
+    """The goldens Gemma 2's, gpt-oss's and Bloom's code in transformers, FlashAttention's
+    attention_ref and PyTorch's SDPA per packed sequence wrote, through the numpy API (float32
+    under FlashAttention's rule, float64)."""
     inputs_, metadata, expected, torch_f32 = load_case(case, "variants")
     for dtype in (np.float32, np.float64):
         q, k, v, dout = (inputs_[n].astype(dtype) for n in ("query", "key", "value", "grad_output"))
@@ -239,10 +240,11 @@ def test_variant_goldens(case):
             assert q.shape[-2] == k.shape[-2]
             kw["attn_mask"] = kw["attn_mask"] & np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
             causal = "none"
+        packed = inputs_.get("cu_seqlens_q"), inputs_.get("cu_seqlens_k")
         out, lse = _core.forward(q, k, v, kw["attn_mask"], 0.0, causal, None, True, None, 2, kw["window_size"],
-                                 kw["softcap"], kw["sinks"], kw["alibi_slopes"])
+                                 kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
         grads = _core.backward(dout, q, k, v, out, lse, kw["attn_mask"], 0.0, causal, None, True, None, 2,
-                               kw["window_size"], kw["softcap"], kw["sinks"], kw["alibi_slopes"])
+                               kw["window_size"], kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
         ours = dict(zip(("output", "grad_query", "grad_key", "grad_value", "grad_sinks"), (out, *grads)))
         assert set(ours) == set(expected)
         for name in expected:

@@ -12,6 +12,9 @@ gradient (the sinks' too):
   - Bloom (ALiBi, key-position form): Hugging Face's `build_alibi_tensor` added to the scores under
     the causal mask as BloomAttention's baddbmm does; mha gets the slopes (build_alibi_tensor's value
     at key 1) and causality;
+  - packed sequences (FlashAttention's varlen): PyTorch's scaled_dot_product_attention called on
+    each sequence of the packed tensors, the results put back in place (bottom-right causality as
+    SDPA's explicit mask, GQA by enable_gqa);
   - FlashAttention-2 (ALiBi with L != S, soft-cap, window, all at once): its tests' `attention_ref`
     definition (tests/test_flash_attn.py: scores scaled, soft-capped, masked by
     `construct_local_mask`, plus `attn_bias_from_alibi_slopes`), written out here, since the
@@ -50,7 +53,7 @@ NEG_INF = float("-inf")
 class Case:
     name: str
     description: str
-    anchor: str  # gemma2 | gpt_oss | bloom | flash_attn
+    anchor: str  # gemma2 | gpt_oss | bloom | flash_attn | sdpa_per_sequence
     B: int
     Hq: int
     Hkv: int
@@ -63,6 +66,7 @@ class Case:
     sinks: bool = False
     alibi: str = ""               # "" | "heads" | "batch_heads" (FlashAttention's (B, Hq))
     key_padding: Optional[list] = None  # keys per sequence (Hugging Face's 2-D attention mask)
+    packed: Optional[tuple] = None      # (queries per sequence, keys per sequence): B = 1, L and S their sums
     extra: dict = field(default_factory=dict)
 
 
@@ -85,6 +89,9 @@ def cases() -> list[Case]:
         Case("flash_alibi_l_lt_s", "FlashAttention-2's attention_ref: alibi_slopes (B, Hq) without causality, "
              "L=5 < S=9 (bias -slope*|i + S - L - j|)", "flash_attn", B=2, Hq=2, Hkv=2, L=5, S=9, D=8,
              alibi="batch_heads"),
+        Case("packed_sdpa_per_sequence", "packed sequences of 3x5, 0x4, 9x9, 1x12 queries x keys with bottom-right "
+             "causality and GQA 4:2: PyTorch's SDPA on each sequence", "sdpa_per_sequence", B=1, Hq=4, Hkv=2, L=13,
+             S=30, D=8, causal="bottom_right", packed=([3, 0, 9, 1], [5, 4, 9, 12])),
         Case("flash_all_variants", "FlashAttention-2's attention_ref: soft-cap 3, window (4, 0), alibi (Hq) and "
              "bottom-right causality at once, GQA 4:2, L=6 < S=13", "flash_attn", B=2, Hq=4, Hkv=2, L=6, S=13,
              D=8, causal="bottom_right", window=(4, 0), softcap=3.0, alibi="heads"),
@@ -115,10 +122,16 @@ def additive_mask(c: Case, dtype) -> torch.Tensor:
     return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, NEG_INF)
 
 
+def offsets(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
+
+
 def inputs_of(c: Case) -> dict:
     g = case_generator("variants", c.name)
     t = {"query": randn(g, c.B, c.Hq, c.L, c.D), "key": randn(g, c.B, c.Hkv, c.S, c.D),
          "value": randn(g, c.B, c.Hkv, c.S, c.D), "grad_output": randn(g, c.B, c.Hq, c.L, c.D)}
+    if c.packed:
+        t["cu_seqlens_q"], t["cu_seqlens_k"] = offsets(c.packed[0]), offsets(c.packed[1])
     if c.sinks:
         t["sinks"] = randn(g, c.Hq) * 2
     if c.alibi == "batch_heads":
@@ -187,6 +200,15 @@ def run(c: Case, t: dict, dtype) -> dict:
         scores = alibi + torch.matmul(q, k.transpose(2, 3)) * scaling  # BloomAttention's baddbmm
         scores = scores + additive_mask(c, dtype)
         out = torch.matmul(F.softmax(scores, dim=-1), v)
+    elif c.anchor == "sdpa_per_sequence":
+        rows = []
+        for s in range(len(c.packed[0])):
+            a, b = (int(x) for x in t["cu_seqlens_q"][s:s + 2])
+            ka, kb = (int(x) for x in t["cu_seqlens_k"][s:s + 2])
+            mask = torch.ones(b - a, kb - ka, dtype=torch.bool).tril(kb - ka - (b - a))  # bottom-right
+            rows.append(F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, ka:kb], v[:, :, ka:kb], attn_mask=mask,
+                                                       enable_gqa=True))
+        out = torch.cat(rows, dim=2)
     else:
         out = flash_attention_ref(c, q, k, v, t.get("alibi_slopes"), dtype)
     (out * t["grad_output"].to(dtype)).sum().backward()

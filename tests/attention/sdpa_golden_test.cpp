@@ -83,10 +83,16 @@ st::File run_case(const st::File& inputs) {
       opt.additive_mask = *additive;
     }
   }
-  // Per-head tensors (the variant goldens'): sinks and ALiBi slopes.
+  // The variant goldens' per-head tensors: sinks and ALiBi slopes.
   std::optional<Tensor<T>> sinks, slopes;
   if (inputs.tensors.count("sinks")) opt.sinks = *(sinks = input("sinks"));
   if (inputs.tensors.count("alibi_slopes")) opt.alibi_slopes = *(slopes = input("alibi_slopes"));
+  // Packed sequences' offsets (int64).
+  std::optional<Tensor<int64_t>> cu_q, cu_k;
+  if (inputs.tensors.count("cu_seqlens_q")) {
+    opt.cu_seqlens_q = *(cu_q = st::to_tensor<int64_t>(inputs.tensors.at("cu_seqlens_q"), "cu_seqlens_q"));
+    opt.cu_seqlens_k = *(cu_k = st::to_tensor<int64_t>(st::require(inputs, "cu_seqlens_k", "inputs"), "cu_seqlens_k"));
+  }
   auto fwd = sdpa_forward(q, k, v, opt);
   auto grads = sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, dout, opt);
   st::File out;

@@ -90,7 +90,7 @@ TEST_F(AttentionCliErrors, InputFileErrors) {
     const std::string shown = name == "key_padding_msk" ? name : "bad\\x1b[2Jname";
     expect_failure(flags + path("misspelt.safetensors"),
                    "misspelt.safetensors: unknown tensor '" + shown +
-                       "' (--inputs takes query, key, value, key_padding_mask, attn_mask, grad_output)");
+                       "' (--inputs takes query, key, value, key_padding_mask, attn_mask, sinks, alibi_slopes, grad_output)");
   }
 
   st::File no_grad;
