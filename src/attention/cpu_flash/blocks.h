@@ -26,8 +26,9 @@ constexpr size_t kForwardQueries = 96;
 constexpr size_t kForwardKeys = 256;
 constexpr size_t kBackwardQueries = 96;
 constexpr size_t kBackwardKeys = 256;
-// Under a sliding window the forward multiplies each group of kBandRows rows over the columns that
-// group sees (forward.cpp): two of the micro-kernel's 6-row strips.
+// Under a narrow window the forward multiplies each group of kBandRows rows over the columns that
+// group sees (forward.cpp): two of the micro-kernel's 6-row strips. (A wide window's groups see
+// nearly the whole tile: there the split would only cost the products' reuse of each panel.)
 constexpr size_t kBandRows = 12;
 static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
 
@@ -48,9 +49,9 @@ static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile hold
 // 6-row strips still fill. Measured (W = 256, B = 1, H = 8, L = 16 384, d = 64, 2 threads, three
 // alternating runs on a noisy machine): forward 90, 78, 73 GFLOP/s of visible pairs with 48 rows
 // against 88, 81, 70 with 96; backward 95, 81, 85 against 88, 86, 76; 24 rows were slower.
+inline bool narrow_window(const Problem& p) { return p.settings.window_left >= 0 && p.settings.window_left < 512; }
 inline int64_t block_rows(const Problem& p, size_t rows) {
-  const int64_t left = p.settings.window_left;
-  return static_cast<int64_t>(left >= 0 && left < 512 ? rows / 2 : rows);
+  return static_cast<int64_t>(narrow_window(p) ? rows / 2 : rows);
 }
 
 // The blocks of query rows the tasks take: rows_per_block at a time from row 0, and with packed

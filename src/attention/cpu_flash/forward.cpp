@@ -80,9 +80,9 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   }
   for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
   // The tile's columns [begin, end) that rows [g0, g0 + n) see, widened to whole panels: under a
-  // sliding window the block's rows see bands of the tile, and each group of kBandRows rows
+  // narrow sliding window the block's rows see bands of the tile, and each group of kBandRows rows
   // multiplies only its own (both products); elsewhere one group spans the block.
-  const size_t band_rows = p.settings.window_left >= 0 ? kBandRows : rows;
+  const size_t band_rows = narrow_window(p) ? kBandRows : rows;
   auto band = [&](size_t g0, size_t n, int64_t j0, size_t cols) {
     int64_t begin = std::numeric_limits<int64_t>::max(), end = 0;
     for (size_t r = g0; r < g0 + n; ++r)
