@@ -328,6 +328,19 @@ ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
   return operands;
 }
 
+// A call's operands as a backend reads them (query, key, value, sinks), checked with the problem
+// they make.
+template <class T, class Kv, class Args>
+Problem read_operands(Args& a, const View<const T>& query, const View<const Kv>& key, const View<const Kv>& value,
+                      const Options<T>& options) {
+  a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
+  a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
+  a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
+  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
+  a.sinks = make_sinks(p, options);
+  return p;
+}
+
 // The two calls, on views: `fresh` when the outputs are newly made tensors (zero already,
 // distinct from everything), so neither the checks nor the zeroing is needed. Keys and values
 // are T, or (Kv, with T float) bfloat16/float16: those the decode backend reads in place and the
@@ -336,12 +349,8 @@ template <class T, class Kv = T>
 void forward(View<const T> query, View<const Kv> key, View<const Kv> value, const ForwardOutputs<T>& out,
              const Options<T>& options, bool fresh) {
   detail::ForwardArgs<T, Kv> a;
-  a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
-  a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
-  a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
-  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
+  const Problem p = read_operands(a, query, key, value, options);
   const ScoreAdditions<T> additions = make_additions(p, options);
-  a.sinks = make_sinks(p, options);
   const Backend backend = resolve_backend<T>(options.backend, p, options.need_weights);
   if (!fresh) {
     const ByteRanges inputs = input_ranges({byte_range(query), byte_range(key), byte_range(value)}, options);
@@ -411,12 +420,8 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
               View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
               const Options<T>& options, bool fresh) {
   detail::BackwardArgs<T> a;
-  a.query = rows_of(query, "query", "(B, Hq, L, Dqk)");
-  a.key = rows_of(key, "key", "(B, Hkv, S, Dqk)");
-  a.value = rows_of(value, "value", "(B, Hkv, S, Dv)");
-  const Problem p = make_problem(query.shape(), key.shape(), value.shape(), options);
+  const Problem p = read_operands(a, query, key, value, options);
   const ScoreAdditions<T> additions = make_additions(p, options);
-  a.sinks = make_sinks(p, options);
   const Shape out_shape{p.batch, p.query_heads, p.query_len, p.v_head_dim};
   check_shape(output.shape(), out_shape, "output");
   check_shape(grad_output.shape(), out_shape, "grad_output");
