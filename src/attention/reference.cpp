@@ -117,7 +117,7 @@ void reference_backward(const Problem& p, const ScoreAdditions<T>& additions, co
   //   dPd_ij = dO_i · v_j,   dP_ij = dPd_ij · (dropout factor of ij)
   //   dS_ij  = P_ij (dP_ij − D_i)  with D_i = Σ_j P_ij dP_ij  (= dO_i · O_i in exact arithmetic),
   //            times cap'(x_ij) = 1 − tanh²(x_ij / c) under a soft-cap c (x = scale·q·k)
-  // (a sink's own column of dS is grad_sinks': attention.cpp's sink_gradients, for every backend)
+  // (a sink's own column of dS gives grad_sinks: attention.cpp's sink_gradients, for every backend)
   //   dQ_i  += scale Σ_j dS_ij k_j,   dK_j += scale Σ_i dS_ij q_i
   // The reference recomputes P with the same softmax as the forward rather than as
   // exp(s − lse): when a row's scores are huge (a finite mask fill such as −1e9), lse = m + log l

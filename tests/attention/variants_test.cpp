@@ -294,11 +294,16 @@ TEST(Variants, FastBackendsOnEveryTargetAndThreadCount) {
   short_rows.q_len = 5;
   short_rows.need_weights = false;
   short_rows.scoring.dropout_p = 0;
+  Case wide = c;  // a window of 512 keys or more: full blocks, products not banded (blocks.h)
+  wide.scoring.window_left = 700;
+  wide.k_len = 1300;
+  wide.need_weights = false;
   BackendCheck flash{Backend::cpu_flash}, decode{Backend::decode};
   for (const std::string& target : simd_targets()) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
     flash(c, 61);
+    flash(wide, 64);
     decode(short_rows, 62);
   }
   std::cout << "[variants] largest fraction of the allowed error on every target: cpu_flash "
