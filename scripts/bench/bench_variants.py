@@ -56,10 +56,15 @@ def main():
               "torch": torch.__version__, "results": {}}
     pairs_window, pairs_causal = visible_pairs(L, W), L * (L + 1) // 2
 
-    def forward_backward(fn):
+    def forward_backward(fn, inputs=(q, k, v), grad=dout):
+        """fn's forward and backward on leaves made once (copying the inputs is not timed); each
+        run's gradients are new tensors, as in training after zero_grad(set_to_none=True)."""
+        leaves = [t.clone().requires_grad_() for t in inputs]
+
         def run():
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            fn(*leaves).backward(dout)
+            for t in leaves:
+                t.grad = None
+            fn(*leaves).backward(grad)
         return run
 
     def record(name, pairs, fwd, fwd_bwd):
@@ -116,11 +121,7 @@ def main():
         call = lambda q, k, v, kw=kw: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
         with torch.inference_mode():
             fwd = timed(lambda: call(qv, kv_, vv), repeats)
-
-        def run(call=call):
-            leaves = [t.clone().requires_grad_() for t in (qv, kv_, vv)]
-            call(*leaves).backward(doutv)
-        record(name, Lv * (Lv + 1) // 2, fwd, timed(run, repeats))
+        record(name, Lv * (Lv + 1) // 2, fwd, timed(forward_backward(call, (qv, kv_, vv), doutv), repeats))
 
     # A packed batch against its sequences one by one.
     lengths = [64, 2048, 128, 1024, 256, 1536, 512, 96, 1800, 640, 200, 1200, 64, 900, 384, 2000]
@@ -139,11 +140,7 @@ def main():
     for name, call in (("mha packed (varlen), 16 sequences", packed), ("mha 16 sequences one by one", one_by_one)):
         with torch.inference_mode():
             fwd = timed(lambda: call(qp, kp, vp), repeats)
-
-        def run(call=call):
-            leaves = [t.clone().requires_grad_() for t in (qp, kp, vp)]
-            call(*leaves).backward(doutp)
-        record(name, pairs_packed, fwd, timed(run, repeats))
+        record(name, pairs_packed, fwd, timed(forward_backward(call, (qp, kp, vp), doutp), repeats))
 
     # A decode step: a window of 4096 keys over a long cache against a plain step over 4096 keys.
     Hd, Hkvd, dd, cache, Wd = 32, 8, 128, 8192 if quick else 32768, 4096

@@ -67,6 +67,62 @@ TEST(PackedLinear, MatchesTheExactSumOnEveryTargetAndShape) {
   }
 }
 
+// The packers against their layouts in panel_gemm.h, element by element, on every target: n and k
+// around the panel width and the 4 × 4 blocks pack_transposed moves at a time, rows wider than k.
+TEST(PanelPacking, EveryElementWhereTheLayoutSays) {
+  mha::Generator gen(11);
+  for (const std::string& target : mha::simd_targets()) {
+    mha::ScopedSimdTarget pin(target);
+    const size_t W = mha::panel_gemm::panel_width();
+    for (size_t n : {size_t{1}, W - 1, W, 3 * W + 5})
+      for (size_t k : {1, 3, 4, 7, 59, 64}) {
+        const size_t ld = k + 3, panels = (n + W - 1) / W;
+        const Tensor<float> x = uniform({static_cast<int64_t>(std::max(n, k)), static_cast<int64_t>(ld)}, gen);
+        std::vector<float> rows(panels * W * k, -1.0f), transposed(panels * W * k, -1.0f);
+        mha::panel_gemm::pack_transposed(x.data(), ld, n, k, transposed.data());  // X is n × k
+        const Tensor<float> xr = uniform({static_cast<int64_t>(k), static_cast<int64_t>(n + 2)}, gen);  // k × n
+        mha::panel_gemm::pack_rows(xr.data(), n + 2, k, n, rows.data());
+        for (size_t p = 0; p < panels; ++p)
+          for (size_t kk = 0; kk < k; ++kk)
+            for (size_t c = 0; c < W; ++c) {
+              const size_t at = p * k * W + kk * W + c, j = p * W + c;
+              const std::string where = target + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+              ASSERT_EQ(transposed[at], j < n ? x[static_cast<int64_t>(j * ld + kk)] : 0.0f) << where;
+              ASSERT_EQ(rows[at], j < n ? xr[static_cast<int64_t>(kk * (n + 2) + j)] : 0.0f) << where;
+            }
+      }
+  }
+}
+
+// B starting inside a packed panel (PanelsB::first_column, at any multiple of panel_step()) gives
+// the very bits of the same columns packed from their own first panel, on every target: each
+// element of C is the same dot product in the same order.
+TEST(PanelPacking, BandsThatStartInsideAPanelGiveTheSameBits) {
+  mha::Generator gen(12);
+  for (const std::string& target : mha::simd_targets()) {
+    mha::ScopedSimdTarget pin(target);
+    const size_t W = mha::panel_gemm::panel_width(), step = mha::panel_gemm::panel_step();
+    const size_t m = 13, k = 37, keys = 4 * W;
+    const Tensor<float> a = uniform({static_cast<int64_t>(m), static_cast<int64_t>(k)}, gen);
+    const Tensor<float> x = uniform({static_cast<int64_t>(keys), static_cast<int64_t>(k)}, gen);  // Bᵀ
+    std::vector<float> packed(keys * k), own(keys * k);
+    mha::panel_gemm::pack_transposed(x.data(), k, keys, k, packed.data());
+    for (size_t first = 0; first < 2 * W; first += step)
+      for (size_t n : {size_t{1}, step, W - step + 1, 2 * W + 3}) {
+        if (first + n > keys) continue;
+        const std::string where = target + " columns from " + std::to_string(first) + ", n=" + std::to_string(n);
+        mha::panel_gemm::pack_transposed(x.data() + first * k, k, n, k, own.data());
+        std::vector<float> inside(m * (n + W)), from_own(m * (n + W));
+        const size_t ldc = n + W;  // room for whole vectors past n
+        mha::panel_gemm::multiply(m, n, k, {a.data(), k}, {packed.data() + first / W * W * k, W, k * W, first % W},
+                                  {inside.data(), ldc}, false);
+        mha::panel_gemm::multiply(m, n, k, {a.data(), k}, {own.data(), W, k * W}, {from_own.data(), ldc}, false);
+        for (size_t r = 0; r < m; ++r)
+          for (size_t c = 0; c < n; ++c) ASSERT_EQ(inside[r * ldc + c], from_own[r * ldc + c]) << where;
+      }
+  }
+}
+
 TEST(PackedLinear, LeadingDimensionsAndAnyThreadCountGiveTheSameBits) {
   mha::Generator gen(6);
   const Tensor<float> x = uniform({3, 70, 96}, gen), w = uniform({200, 96}, gen), b = uniform({200}, gen);

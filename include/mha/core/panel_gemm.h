@@ -33,11 +33,14 @@ struct MatrixA {
   size_t stride;
 };
 
-// B[kk][p·W + c] = data[p·panel_stride + kk·stride + c], 0 <= c < W.
+// B[kk][p·W + c − first_column] = data[p·panel_stride + kk·stride + c], 0 <= c < W: B's columns
+// start at column first_column of the first panel, a multiple of panel_step() below W (a band of
+// keys that starts inside a packed panel).
 struct PanelsB {
   const float* data;
   size_t stride;
   size_t panel_stride;
+  size_t first_column = 0;
 };
 
 // C[r][c] = data[r·stride + c].
@@ -49,6 +52,9 @@ struct MatrixC {
 // Floats per B panel on the chosen target: 64 with AVX-512 (6 × 4 vectors micro-kernel), 16 with
 // AVX2, 8 with SSE4 (6 × 2), 2 for scalar code. Always a divisor of 64.
 size_t panel_width();
+// The columns of one vector on the chosen target (W / 4 with AVX-512, W / 2 with AVX2 and SSE4, 1
+// for scalar code): where PanelsB::first_column may start.
+size_t panel_step();
 
 // C = A·B, or C += A·B when `accumulate`. The micro-kernel writes whole vectors: every row of C
 // must have room for n rounded up to a multiple of W; the extra columns get A·(B's extra

@@ -75,6 +75,19 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
   return chunks;
 }
 
+// The most keys a block's walk reads (Problem::visible_keys from the walk's panel-aligned start),
+// whole panels of W: a walk within a segment is at most this wide.
+size_t widest_walk(const Problem& p, int64_t B, const QueryBlocks& blocks, size_t W) {
+  int64_t widest = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < blocks.count(); ++n) {
+      const QueryBlocks::Block block = blocks[n];
+      const KeyRange keys = p.visible_keys(b, block.first, block.first + static_cast<int64_t>(block.rows));
+      if (!keys.empty()) widest = std::max(widest, keys.end - key_walk_start(keys));
+    }
+  return round_up(to_size(widest), W);
+}
+
 // How the work is cut: key segments, tasks and their chunks, row strides. A function of the shape
 // alone (never of the thread count).
 struct Plan {
@@ -85,12 +98,14 @@ struct Plan {
   size_t segment;
   int64_t segments;
   size_t segment_padded, dqk_padded;
-  // Rows that span a segment's keys (the P, dS row blocks and the dKᵀ, dVᵀ accumulators) have a
-  // stride off a power of two: P and dS are the B operand of dVᵀ, dKᵀ, whose panel the
-  // micro-kernel keeps in L1, and rows 2^k bytes apart would all fall in the same L1 cache set.
+  // Rows that span a segment's keys (the dKᵀ, dVᵀ accumulators) or a block's walk over them (the P
+  // and dS row blocks, counted from the walk's first key) have a stride off a power of two: P and
+  // dS are the B operand of dVᵀ, dKᵀ, whose panel the micro-kernel keeps in L1, and rows 2^k bytes
+  // apart would all fall in the same L1 cache set.
   size_t key_stride;
   QueryBlocks blocks;  // of Br rows (within each packed sequence)
   int64_t query_blocks;
+  size_t walk_stride;  // the widest walk of a block within a segment (a window's: about Br + W keys)
   // Tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs), the chunks from
   // the whole call's (b, kv head) pairs (Options::whole_call): a block of heads sums its gradients
   // in the very order the whole call does.
@@ -98,6 +113,9 @@ struct Plan {
   int64_t tasks;
   size_t kvt_size;  // dKᵀ then dVᵀ of one task
   bool partial;     // a block of the rows' keys (Problem::partial_keys)
+  bool banded;      // S, dP and dQ by groups of rows (for_each_band)
+  size_t step = panel_step();  // where a band's columns may begin
+
 
   explicit Plan(const Problem& p)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
@@ -109,10 +127,11 @@ struct Plan {
         segment_padded(round_up(segment, W)), dqk_padded(round_up(Dqk, W)),
         key_stride(segment_padded + 16),
         blocks(p, static_cast<int64_t>(Br)), query_blocks(blocks.count()),
+        walk_stride(std::min(segment_padded, widest_walk(p, B, blocks, W)) + 16),
         chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
-        partial(p.partial_keys()) {}
+        partial(p.partial_keys()), banded(narrow_window(p)) {}
 };
 
 constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
@@ -134,15 +153,15 @@ struct Scratch {
   Scratch(const Plan& n, bool masked, bool dropout, bool softcapped)
       : kt_packed(n.segment_padded * n.Dqk, uninitialized), vt_packed(n.segment_padded * n.Dv, uninitialized),
         k_packed(n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
-        probs(n.Br * n.key_stride), dprobs(n.Br * n.key_stride), bias(masked ? n.Br * n.key_stride : 0),
-        factors(dropout ? n.Br * n.key_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
+        probs(n.Br * n.walk_stride), dprobs(n.Br * n.walk_stride), bias(masked ? n.Br * n.walk_stride : 0),
+        factors(dropout ? n.Br * n.walk_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
         row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br), visible(n.Br),
-        cap_slope(softcapped ? n.Br * n.key_stride : 0) {}
+        cap_slope(softcapped ? n.Br * n.walk_stride : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
-  // The tile scratch of the block's columns from c0 on.
+  // The tile scratch of the block's walk's columns from c0 on.
   TileScratch tile(size_t c0) {
     return {bias.size() ? bias.data() + c0 : nullptr, factors.size() ? factors.data() + c0 : nullptr,
             cap_slope.size() ? cap_slope.data() + c0 : nullptr, first.data(), end.data()};
@@ -235,23 +254,34 @@ class Backward {
   }
 
   // Pass A: P and dP∘Z for every key block, and the sums that make D. The scores are those of the
-  // forward, (scale·Q)·Kᵀ with the same products in the same order. Tile columns are counted from
-  // the segment's first key (c0 = j0 − s0).
+  // forward, (scale·Q)·Kᵀ with the same products in the same order. The packed keys' columns are
+  // counted from the segment's first key (c0 = j0 − s0), the P and dP rows' from the walk's
+  // (t0 = j0 − s_begin).
   void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               double* sum_dot, double* sum_mass) {
     const float* dout_block = a_.grad_output.row(b, h, i0);
-    const size_t dout_ld = to_size(a_.grad_output.stride_row), W = n_.W, ks = n_.key_stride;
+    const size_t dout_ld = to_size(a_.grad_output.stride_row), W = n_.W, ws = n_.walk_stride;
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
-      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0);
-      multiply(rows, cols, n_.Dqk, {s.q_scaled.data(), n_.Dqk}, {s.kt_packed.data() + c0 * n_.Dqk, W, n_.Dqk * W},
-               {s.probs.data() + c0, ks}, false);
-      multiply(rows, cols, n_.Dv, {dout_block, dout_ld}, {s.vt_packed.data() + c0 * n_.Dv, W, n_.Dv * W},
-               {s.dprobs.data() + c0, ks}, false);
-      const ScoreTile t = make_tile(p_, additions_, s.tile(c0), s.probs.data() + c0, ks, b, rows, j0, cols,
+      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
+                   t0 = to_size(j0 - s_begin);
+      float* probs = s.probs.data() + t0;
+      float* dprobs = s.dprobs.data() + t0;
+      for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
+        const size_t c = c0 + g.first_col, width = g.end_col - g.first_col;
+        if (width > 0) {
+          multiply(g.rows, width, n_.Dqk, {s.q_scaled.data() + g.first_row * n_.Dqk, n_.Dqk},
+                   packed_columns(s.kt_packed.data(), n_.Dqk, c, W), {probs + g.first_row * ws + g.first_col, ws}, false);
+          multiply(g.rows, width, n_.Dv, {dout_block + g.first_row * dout_ld, dout_ld},
+                   packed_columns(s.vt_packed.data(), n_.Dv, c, W), {dprobs + g.first_row * ws + g.first_col, ws}, false);
+        }
+        fill_beside_band(g, probs, ws, cols);
+        fill_beside_band(g, dprobs, ws, cols);
+      });
+      const ScoreTile t = make_tile(p_, additions_, s.tile(t0), probs, ws, b, rows, j0, cols,
                                     [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; },
                                     s.visible.data());
-      probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), s.dprobs.data() + c0, sum_dot, sum_mass);
+      probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), dprobs, sum_dot, sum_mass);
     }
   }
 
@@ -300,7 +330,7 @@ class Backward {
   // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
   void pass_b(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               bool renormalizing) {
-    const size_t W = n_.W, ks = n_.key_stride, Br = n_.Br, Dqk = n_.Dqk, Dv = n_.Dv;
+    const size_t W = n_.W, ks = n_.key_stride, ws = n_.walk_stride, Br = n_.Br, Dqk = n_.Dqk, Dv = n_.Dv;
     // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
     // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
     // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
@@ -314,16 +344,21 @@ class Backward {
     std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
     const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
-      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0);
-      float* block_probs = s.probs.data() + c0;
-      float* block_ds = s.dprobs.data() + c0;
-      score_gradients_tile(block_probs, block_ds, ks, rows, cols, s.delta.data(),
-                           p_.dropout() ? s.factors.data() + c0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
-                           p_.softcapped() ? s.cap_slope.data() + c0 : nullptr);
-      multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ks, W}, {s.dvt(n_) + c0, ks}, true);
-      multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ks, W}, {s.dkt() + c0, ks}, true);
-      multiply(rows, Dqk, cols, {block_ds, ks}, {s.k_packed.data() + c0 * W, W, seg_keys * W},
-               {s.dq.data(), n_.dqk_padded}, true);
+      const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
+                   t0 = to_size(j0 - s_begin);
+      float* block_probs = s.probs.data() + t0;
+      float* block_ds = s.dprobs.data() + t0;
+      score_gradients_tile(block_probs, block_ds, ws, rows, cols, s.delta.data(),
+                           p_.dropout() ? s.factors.data() + t0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
+                           p_.softcapped() ? s.cap_slope.data() + t0 : nullptr);
+      multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ws, W}, {s.dvt(n_) + c0, ks}, true);
+      multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ws, W}, {s.dkt() + c0, ks}, true);
+      for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
+        if (g.end_col > g.first_col)
+          multiply(g.rows, Dqk, g.end_col - g.first_col, {block_ds + g.first_row * ws + g.first_col, ws},
+                   {s.k_packed.data() + (c0 + g.first_col) * W, W, seg_keys * W},
+                   {s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded}, true);
+      });
     }
     // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
     // segments in order.

@@ -1,5 +1,6 @@
 #pragma once
 // cpu_flash's block sizes and the logsumexp helpers its forward and backward share.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -26,10 +27,13 @@ constexpr size_t kForwardQueries = 96;
 constexpr size_t kForwardKeys = 256;
 constexpr size_t kBackwardQueries = 96;
 constexpr size_t kBackwardKeys = 256;
-// Under a narrow window the forward multiplies each group of kBandRows rows over the columns that
-// group sees (forward.cpp): two of the micro-kernel's 6-row strips. (A wide window's groups see
-// nearly the whole tile: there the split would only cost the products' reuse of each panel.)
+// Under a narrow window forward and backward multiply each group of kBandRows rows over the columns
+// that group sees (for_each_band): two of the micro-kernel's 6-row strips. (A wide window's groups
+// see nearly the whole tile: there the split would only cost the products' reuse of each panel.)
 constexpr size_t kBandRows = 12;
+// The forward packs the keys a task's walk reads and up to this many more (forward.cpp): 1024
+// keys of Kᵀ and V at d = 64 are 512 KiB, which stay in L2 while the next tasks read them.
+constexpr int64_t kPackAhead = 1024;
 static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks start on panel boundaries");
 
 // Long key sequences (more than kLongKeys keys) change how the kernels hold a kv head, so that the
@@ -52,6 +56,45 @@ static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile hold
 inline bool narrow_window(const Problem& p) { return p.settings.window_left >= 0 && p.settings.window_left < 512; }
 inline int64_t block_rows(const Problem& p, size_t rows) {
   return static_cast<int64_t>(narrow_window(p) ? rows / 2 : rows);
+}
+
+// A group of a block's rows and the tile's columns [first_col, end_col) it multiplies. Under a
+// narrow window each group of kBandRows rows multiplies only the columns its rows see (of the tile
+// of keys [j0, j0 + cols)), widened down to a multiple of `align` (panel_step(): a band may begin
+// inside a packed panel, packed_columns); the products' zeros beside the band are filled instead
+// (fill_beside_band). Elsewhere one group spans the block and the tile.
+struct Band {
+  size_t first_row, rows, first_col, end_col;
+};
+template <class Step>
+void for_each_band(bool banded, const KeyRange* visible, size_t rows, int64_t j0, size_t cols, size_t align,
+                   Step&& step) {
+  const size_t group = banded ? kBandRows : rows;
+  for (size_t g0 = 0; g0 < rows; g0 += group) {
+    Band band{g0, std::min(group, rows - g0), 0, cols};
+    if (banded) {
+      int64_t begin = std::numeric_limits<int64_t>::max(), end = 0;
+      for (size_t r = g0; r < g0 + band.rows; ++r)
+        if (!visible[r].empty()) begin = std::min(begin, visible[r].begin), end = std::max(end, visible[r].end);
+      const int64_t tile_cols = static_cast<int64_t>(cols), w = static_cast<int64_t>(align);
+      const int64_t first = std::clamp<int64_t>(begin - j0, 0, tile_cols) / w * w;
+      band.first_col = static_cast<size_t>(first);
+      band.end_col = static_cast<size_t>(std::max(first, std::clamp<int64_t>(end - j0, 0, tile_cols)));
+    }
+    step(band);
+  }
+}
+// The columns from c on of a matrix with k rows packed by pack_transposed (panels of W columns).
+inline PanelsB packed_columns(const float* packed, size_t k, size_t c, size_t W) {
+  return {packed + c / W * W * k, W, k * W, c % W};
+}
+
+// Zeros in the band's rows of `tile` (row stride `stride`, `cols` columns) beside its columns.
+inline void fill_beside_band(const Band& band, float* tile, size_t stride, size_t cols) {
+  for (size_t r = band.first_row; r < band.first_row + band.rows; ++r) {
+    std::fill(tile + r * stride, tile + r * stride + band.first_col, 0.0f);
+    std::fill(tile + r * stride + band.end_col, tile + r * stride + cols, 0.0f);
+  }
 }
 
 // The blocks of query rows the tasks take: rows_per_block at a time from row 0, and with packed

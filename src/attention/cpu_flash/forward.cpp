@@ -11,6 +11,9 @@
 // Why it is exact: after any prefix of key blocks, O = Σ_j exp(s_j − m)·z_j·v_j and
 // l = Σ_j exp(s_j − m) for the current m; multiplying both by e^(m − m') re-bases them on the
 // new maximum, so the final O / l is Σ_j softmax(s)_j·z_j·v_j whatever the order of blocks.
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -79,47 +82,31 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
     for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
   }
   for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
-  // The tile's columns [begin, end) that rows [g0, g0 + n) see, widened to whole panels: under a
-  // narrow sliding window the block's rows see bands of the tile, and each group of kBandRows rows
-  // multiplies only its own (both products); elsewhere one group spans the block.
-  const size_t band_rows = narrow_window(p) ? kBandRows : rows;
-  auto band = [&](size_t g0, size_t n, int64_t j0, size_t cols) {
-    int64_t begin = std::numeric_limits<int64_t>::max(), end = 0;
-    for (size_t r = g0; r < g0 + n; ++r)
-      if (!s.visible[r].empty()) begin = std::min(begin, s.visible[r].begin), end = std::max(end, s.visible[r].end);
-    const int64_t first = std::clamp<int64_t>(begin - j0, 0, static_cast<int64_t>(cols)) / static_cast<int64_t>(W) *
-                          static_cast<int64_t>(W);
-    const int64_t last = std::clamp<int64_t>(end - j0, 0, static_cast<int64_t>(cols));
-    return std::pair{to_size(first), to_size(std::max(first, last))};
-  };
+  // Under a narrow window each group of kBandRows rows multiplies only the columns it sees, in both
+  // products (for_each_band).
+  const bool banded = narrow_window(p);
+  const size_t step = panel_step();
   // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ on each group's band (zero beside it,
   // where the tile's edges hide every column), and the additions the kernels apply.
   auto score_tile = [&](int64_t j0, size_t cols) {
-    for (size_t g0 = 0; g0 < rows; g0 += band_rows) {
-      const size_t n = std::min(band_rows, rows - g0);
-      const auto [c0, c1] = band_rows < rows ? band(g0, n, j0, cols) : std::pair{size_t{0}, cols};
-      float* tile = s.scores.data() + g0 * Bc;
-      if (c1 > c0)
-        multiply(n, c1 - c0, Dqk, {s.q_scaled.data() + g0 * Dqk, Dqk},
-                 {kv.kt + to_size(j0 - kv.first + static_cast<int64_t>(c0)) * Dqk, W, Dqk * W}, {tile + c0, Bc}, false);
-      for (size_t r = 0; band_rows < rows && r < n; ++r) {
-        std::fill(tile + r * Bc, tile + r * Bc + c0, 0.0f);
-        std::fill(tile + r * Bc + c1, tile + r * Bc + cols, 0.0f);
-      }
-    }
+    for_each_band(banded, s.visible.data(), rows, j0, cols, step, [&](const Band& g) {
+      if (g.end_col > g.first_col)
+        multiply(g.rows, g.end_col - g.first_col, Dqk, {s.q_scaled.data() + g.first_row * Dqk, Dqk},
+                 packed_columns(kv.kt, Dqk, to_size(j0 - kv.first) + g.first_col, W),
+                 {s.scores.data() + g.first_row * Bc + g.first_col, Bc}, false);
+      fill_beside_band(g, s.scores.data(), Bc, cols);
+    });
     return make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
                      [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
   };
   // O += P·V over each group's band (P is 0 beside it).
   auto add_values = [&](int64_t j0, size_t cols) {
-    for (size_t g0 = 0; g0 < rows; g0 += band_rows) {
-      const size_t n = std::min(band_rows, rows - g0);
-      const auto [c0, c1] = band_rows < rows ? band(g0, n, j0, cols) : std::pair{size_t{0}, cols};
-      if (c1 > c0)
-        multiply(n, Dv, c1 - c0, {s.scores.data() + g0 * Bc + c0, Bc},
-                 {kv.v + to_size(j0 - kv.first + static_cast<int64_t>(c0)) * W, W, to_size(kv.count) * W},
-                 {s.out.data() + g0 * dv_padded, dv_padded}, true);
-    }
+    for_each_band(banded, s.visible.data(), rows, j0, cols, step, [&](const Band& g) {
+      if (g.end_col > g.first_col)
+        multiply(g.rows, Dv, g.end_col - g.first_col, {s.scores.data() + g.first_row * Bc + g.first_col, Bc},
+                 {kv.v + to_size(j0 - kv.first + static_cast<int64_t>(g.first_col)) * W, W, to_size(kv.count) * W},
+                 {s.out.data() + g.first_row * dv_padded, dv_padded}, true);
+    });
   };
   // The key blocks some row of the block sees, the last one trimmed to the last such key.
   const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
@@ -194,10 +181,12 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
   const QueryBlocks blocks(p, Br);
   const int64_t query_blocks = blocks.count();
   const int64_t tasks = B * Hq * query_blocks;
-  // The packed kv head (PackedKv). Short keys: each thread packs the kv head of its task when that
-  // moves to another one (consecutive tasks mostly share one), O(S·d) per thread; of a packed
-  // call, only the task's sequence's keys, so that what a task reads stays in cache. Long keys:
-  // one shared copy, the kv heads taken one after another.
+  // The packed kv head (PackedKv). Short keys: each thread packs the keys its task's walk reads
+  // when they are not packed yet (consecutive tasks mostly share one kv head), those keys and up to
+  // kPackAhead more (or as many as the walk, whichever is more) of the same sequence: a dense call
+  // packs a kv head in a few growing steps, a sliding window the band it slides over (O(W·d) per
+  // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
+  // after another.
   const bool shared_packs = S > kLongKeys;
   const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
   Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
@@ -219,23 +208,23 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
     auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
       const QueryBlocks::Block block = blocks[task % query_blocks];
-      if (!shared_packs) {
-        int64_t first = 0, end = S;  // a packed call's block: its sequence's keys
-        if (p.packed.present()) {
-          const Sequence seq = p.sequence_of(b, block.first);
-          first = seq.key_start / kKeyAlign * kKeyAlign;
-          end = p.packed.k(seq.index + 1);
-        }
-        if (kv != packed_kv || first != packed.first || end - first != packed.count) {
-          pack_kv_head(kv, first, end - first, own_kt.data(), own_v.data());
-          std::tie(packed_kv, packed.first, packed.count) = std::tuple(kv, first, end - first);
-        }
+      const KeyRange keys = p.visible_keys(b, block.first, block.first + static_cast<int64_t>(block.rows));
+      const int64_t first = key_walk_start(keys);
+      if (!shared_packs && !keys.empty() &&
+          (kv != packed_kv || first < packed.first || keys.end > packed.first + packed.count)) {
+        const int64_t limit = p.packed.present() ? p.packed.k(p.sequence_of(b, block.first).index + 1) : S;
+        const int64_t end = std::min(limit, keys.end + std::max(kPackAhead, keys.end - first));
+        pack_kv_head(kv, first, end - first, own_kt.data(), own_v.data());
+        std::tie(packed_kv, packed.first, packed.count) = std::tuple(kv, first, end - first);
       }
       forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
 
     if (!shared_packs) {
-#pragma omp for schedule(dynamic)
+      // Runs of consecutive query blocks share one pack (kPackAhead keys past a block), so a thread
+      // takes a run at a time, as long as every thread still gets a few runs.
+      const int64_t run = std::clamp<int64_t>(std::min(kPackAhead / Br, tasks / (4 * omp_get_num_threads())), 1, query_blocks);
+#pragma omp for schedule(dynamic, run)
       for (int64_t task = 0; task < tasks; ++task) run_task(task);
     } else {
       // A kv head's tasks are consecutive: its query heads (a GQA group) × their query blocks.

@@ -22,6 +22,7 @@ using panel_gemm::MatrixA;
 using panel_gemm::MatrixC;
 using panel_gemm::pack_rows;
 using panel_gemm::pack_transposed;
+using panel_gemm::panel_step;
 using panel_gemm::panel_width;
 using panel_gemm::PanelsB;
 
