@@ -9,6 +9,8 @@ Shape B = 1, H = 8, L = S = 16 384, d = 64, float32, causal with a window of W =
   - PyTorch's SDPA given the window as a dense (L, S) bool mask, forward and forward+backward;
   - FlexAttention compiled with a sliding-window BlockMask, forward only (it has no CPU backward),
     when torch.compile works here.
+Calls that are compared take turns, round after round (here one dense call, three of each short
+one), so that a burst of another tenant on this shared machine falls on all of them alike.
 GFLOP/s count only the pairs a query sees (FlashAttention's 4·B·H·pairs·d forward, 2.5× that for
 the backward), so the window's and the dense call's rates compare directly.
 
@@ -18,13 +20,15 @@ Then, same run:
   - a packed batch of 16 causal sequences of 64 to 2048 tokens through flash_attn_varlen_func
     beside the sum of the 16 sequences called one by one (flash_attn_func), H = 8, d = 64;
   - one decode step (one query per head, H = 32, Hkv = 8, d = 128) with a window of 4096 keys over
-    a 32 768-token cache beside a plain step over a 4096-token cache.
-Threads: torch.get_num_threads(). Writes <build>/bench/variants.json.
+    a 32 768-token cache beside a plain step over a 4096-token cache;
+each set taking turns likewise. Threads: torch.get_num_threads(). Writes <build>/bench/variants.json.
 
     python3 scripts/bench/bench_variants.py [build dir] [--quick]   (--quick: L = 2048)
 """
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -40,17 +44,26 @@ def visible_pairs(L, W):
     return sum(min(i + 1, W) for i in range(L))
 
 
-def timed(fn, repeats):
-    return median_seconds(fn, repeats)
+def interleaved(runs, rounds):
+    """Median seconds of each run of `runs` (name: (function, calls per round)) after a warm-up, the
+    runs taking turns round after round."""
+    for fn, _ in runs.values():
+        fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (fn, calls) in runs.items():
+            for _ in range(calls):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main():
     build = next((a for a in sys.argv[1:] if not a.startswith("--")), os.path.join(ROOT, "build"))
     quick = "--quick" in sys.argv
     B, H, L, d, W = 1, 8, 2048 if quick else 16384, 64, 256
-    # Medians of 5 for calls of a second or more, of 15 for the shorter ones (the window's, Flex's,
-    # the variants' and the packed batch's, under 0.6 s): the machine is shared, and a burst of
-    # another tenant that lasts a few seconds moves a median of a few short calls.
+    # Rounds: 5 where a dense 16k call takes part (1.5 to 6 s each), 15 for the shorter calls.
     repeats, repeats_short = 5, 15
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, L, d, generator=g) for _ in range(4))
@@ -81,35 +94,52 @@ def main():
             text += f"   fwd+bwd {r['forward_backward_ms']:9.1f} ms (bwd {r['backward_gflops']:6.1f} GFLOP/s)"
         print(text, flush=True)
 
+    def compare(calls, inputs, grad, pairs):
+        """Calls of the same work (name: function of the inputs) taking turns, forward and forward+backward."""
+        with torch.inference_mode():
+            fwd = interleaved({name: (lambda call=call: call(*inputs), 1) for name, call in calls.items()}, repeats_short)
+        fwd_bwd = interleaved({name: (forward_backward(call, inputs, grad), 1) for name, call in calls.items()},
+                              repeats_short)
+        for name in calls:
+            record(name, pairs, fwd[name], fwd_bwd[name])
+
     print(f"bench_variants: B={B} H={H} L=S={L} d={d} float32, causal window W={W} (window_size {window}); "
           f"{report['threads']} threads; torch {torch.__version__}")
     windowed = lambda q, k, v: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=window)
     dense = lambda q, k, v: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with torch.inference_mode():
-        fwd = timed(lambda: windowed(q, k, v), repeats_short)
-    record("mha window", pairs_window, fwd, timed(forward_backward(windowed), repeats_short))
-    with torch.inference_mode():
-        fwd = timed(lambda: dense(q, k, v), repeats)
-    record("mha dense causal", pairs_causal, fwd, timed(forward_backward(dense), repeats))
-
-    i = torch.arange(L).unsqueeze(-1)
-    mask = (torch.arange(L) <= i) & (torch.arange(L) > i - W)
-    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    with torch.inference_mode():
-        fwd = timed(lambda: sdpa(q, k, v), 1)
-    record("PyTorch SDPA, window as bool mask", pairs_window, fwd, timed(forward_backward(sdpa), 1))
-
+    # FlexAttention compiled with a sliding-window BlockMask, when torch.compile works here.
+    flex_name, flex_forward = "FlexAttention compiled (BlockMask)", None
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         block_mask = create_block_mask(lambda b, h, qi, kv: (kv <= qi) & (kv > qi - W), None, None, L, L,
                                        device="cpu")
         flex = torch.compile(flex_attention)
+        flex_forward = lambda: flex(q, k, v, block_mask=block_mask)
         with torch.inference_mode():
-            fwd = timed(lambda: flex(q, k, v, block_mask=block_mask), repeats_short)
-        record("FlexAttention compiled (BlockMask)", pairs_window, fwd, None)
+            flex_forward()  # compiles
     except Exception as e:  # a peer that cannot run here is reported, not fatal
-        report["results"]["FlexAttention compiled (BlockMask)"] = {"error": str(e).splitlines()[0][:300]}
+        report["results"][flex_name] = {"error": str(e).splitlines()[0][:300]}
         print(f"FlexAttention compiled: not run ({str(e).splitlines()[0][:200]})")
+        flex_forward = None
+    # The window, the dense call and Flex take turns (rounds of one dense call and three of each
+    # short one), so that the bursts of another tenant fall on all of them alike.
+    forwards = {"window": (lambda: windowed(q, k, v), 3), "dense": (lambda: dense(q, k, v), 1)}
+    if flex_forward is not None:
+        forwards["flex"] = (flex_forward, 3)
+    with torch.inference_mode():
+        fwd = interleaved(forwards, repeats)
+    fwd_bwd = interleaved({"window": (forward_backward(windowed), 3), "dense": (forward_backward(dense), 1)}, repeats)
+    record("mha window", pairs_window, fwd["window"], fwd_bwd["window"])
+    record("mha dense causal", pairs_causal, fwd["dense"], fwd_bwd["dense"])
+    if flex_forward is not None:
+        record(flex_name, pairs_window, fwd["flex"], None)
+
+    i = torch.arange(L).unsqueeze(-1)
+    mask = (torch.arange(L) <= i) & (torch.arange(L) > i - W)
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with torch.inference_mode():
+        fwd = median_seconds(lambda: sdpa(q, k, v), 1)
+    record("PyTorch SDPA, window as bool mask", pairs_window, fwd, median_seconds(forward_backward(sdpa), 1))
 
     # Soft-cap and sinks beside the plain causal call.
     Lv = 1024 if quick else 4096
@@ -120,11 +150,9 @@ def main():
         "mha causal + softcap 50": dict(softcap=50.0),
         "mha causal + sinks": dict(sinks=sinks),
     }
-    for name, kw in variants.items():
-        call = lambda q, k, v, kw=kw: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
-        with torch.inference_mode():
-            fwd = timed(lambda: call(qv, kv_, vv), repeats_short)
-        record(name, Lv * (Lv + 1) // 2, fwd, timed(forward_backward(call, (qv, kv_, vv), doutv), repeats_short))
+    calls = {name: (lambda q, k, v, kw=kw: mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, **kw))
+             for name, kw in variants.items()}
+    compare(calls, (qv, kv_, vv), doutv, Lv * (Lv + 1) // 2)
 
     # A packed batch against its sequences one by one.
     lengths = [64, 2048, 128, 1024, 256, 1536, 512, 96, 1800, 640, 200, 1200, 64, 900, 384, 2000]
@@ -140,19 +168,18 @@ def main():
         return torch.cat([mha.torch.flash_attn_func(q[None, a:b], k[None, a:b], v[None, a:b], causal=True)[0]
                           for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
 
-    for name, call in (("mha packed (varlen), 16 sequences", packed), ("mha 16 sequences one by one", one_by_one)):
-        with torch.inference_mode():
-            fwd = timed(lambda: call(qp, kp, vp), repeats_short)
-        record(name, pairs_packed, fwd, timed(forward_backward(call, (qp, kp, vp), doutp), repeats_short))
+    compare({"mha packed (varlen), 16 sequences": packed, "mha 16 sequences one by one": one_by_one}, (qp, kp, vp),
+            doutp, pairs_packed)
 
     # A decode step: a window of 4096 keys over a long cache against a plain step over 4096 keys.
     Hd, Hkvd, dd, cache, Wd = 32, 8, 128, 8192 if quick else 32768, 4096
     qd = torch.randn(1, 1, Hd, dd, generator=g)
     kd, vd = (torch.randn(1, cache, Hkvd, dd, generator=g) for _ in range(2))
     with torch.inference_mode():
-        step_window = timed(lambda: mha.torch.flash_attn_func(qd, kd, vd, causal=True, window_size=(Wd - 1, 0)), 21)
         short_k, short_v = kd[:, -Wd:].contiguous(), vd[:, -Wd:].contiguous()
-        step_plain = timed(lambda: mha.torch.flash_attn_func(qd, short_k, short_v, causal=True), 21)
+        steps = interleaved({"window": (lambda: mha.torch.flash_attn_func(qd, kd, vd, causal=True, window_size=(Wd - 1, 0)), 1),
+                             "plain": (lambda: mha.torch.flash_attn_func(qd, short_k, short_v, causal=True), 1)}, 21)
+        step_window, step_plain = steps["window"], steps["plain"]
     report["results"]["decode step"] = {"window_4096_over_cache_us": step_window * 1e6, "plain_4096_us": step_plain * 1e6,
                                         "cache": cache}
     print(f"decode step H={Hd} Hkv={Hkvd} d={dd}: window {Wd} over a {cache}-token cache {step_window * 1e6:8.1f} us, "
@@ -165,7 +192,6 @@ def main():
     sdpa_name = "PyTorch SDPA, window as bool mask"
     print(f"PyTorch SDPA with the mask / mha window: forward {r[sdpa_name]['forward_ms'] / r['mha window']['forward_ms']:.1f}x, "
           f"forward+backward {r[sdpa_name]['forward_backward_ms'] / r['mha window']['forward_backward_ms']:.1f}x")
-    flex_name = "FlexAttention compiled (BlockMask)"
     if "forward_ms" in r[flex_name]:
         print(f"FlexAttention / mha window: forward {r[flex_name]['forward_ms'] / r['mha window']['forward_ms']:.2f}x")
     plain = r["mha causal (plain)"]

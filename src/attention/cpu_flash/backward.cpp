@@ -83,7 +83,7 @@ size_t widest_walk(const Problem& p, int64_t B, const QueryBlocks& blocks, size_
     for (int64_t n = 0; n < blocks.count(); ++n) {
       const QueryBlocks::Block block = blocks[n];
       const KeyRange keys = p.visible_keys(b, block.first, block.first + static_cast<int64_t>(block.rows));
-      if (!keys.empty()) widest = std::max(widest, keys.end - key_walk_start(keys));
+      if (!keys.empty()) widest = std::max(widest, keys.end - walk_start(keys));
     }
   return round_up(to_size(widest), W);
 }
@@ -228,7 +228,7 @@ class Backward {
   void query_block(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t seg, bool gradients) {
     const int64_t s0 = segment_start(seg);
     const KeyRange keys = p_.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
-    const int64_t s_begin = std::max(s0, key_walk_start(keys));
+    const int64_t s_begin = std::max(s0, walk_start(keys));
     const int64_t s_end = std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end);
     if (s_end <= s_begin) return;
     const float scale = static_cast<float>(p_.scale);

@@ -84,6 +84,9 @@ void for_each_band(bool banded, const KeyRange* visible, size_t rows, int64_t j0
     step(band);
   }
 }
+// Where cpu_flash's key walks start: the first visible key, rounded down to a vector of keys.
+inline int64_t walk_start(const KeyRange& keys) { return key_walk_start(keys, static_cast<int64_t>(panel_step())); }
+
 // The columns from c on of a matrix with k rows packed by pack_transposed (panels of W columns).
 inline PanelsB packed_columns(const float* packed, size_t k, size_t c, size_t W) {
   return {packed + c / W * W * k, W, k * W, c % W};

@@ -29,7 +29,8 @@ namespace {
 
 // The kv head's B operands in panels over its keys [first, first + count): Kᵀ (Dqk × count,
 // panels of keys) for S = Q·Kᵀ and V (count × Dv, panels of value columns) for O += P·V. `first`
-// is a multiple of kKeyAlign, so the key walks' tiles start on panels.
+// is a walk's start (walk_start), and a tile's Kᵀ columns are taken from inside a panel when they
+// start there (packed_columns).
 struct PackedKv {
   const float* kt;
   const float* v;
@@ -111,7 +112,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   // The key blocks some row of the block sees, the last one trimmed to the last such key.
   const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
   auto for_each_key_block = [&](auto&& step) {
-    for (int64_t j0 = key_walk_start(keys); j0 < keys.end; j0 += static_cast<int64_t>(Bc))
+    for (int64_t j0 = walk_start(keys); j0 < keys.end; j0 += static_cast<int64_t>(Bc))
       step(j0, std::min<size_t>(Bc, to_size(keys.end - j0)));
   };
 
@@ -209,7 +210,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
       const QueryBlocks::Block block = blocks[task % query_blocks];
       const KeyRange keys = p.visible_keys(b, block.first, block.first + static_cast<int64_t>(block.rows));
-      const int64_t first = key_walk_start(keys);
+      const int64_t first = walk_start(keys);
       if (!shared_packs && !keys.empty() &&
           (kv != packed_kv || first < packed.first || keys.end > packed.first + packed.count)) {
         const int64_t limit = p.packed.present() ? p.packed.k(p.sequence_of(b, block.first).index + 1) : S;

@@ -50,10 +50,12 @@ class Buffer {
   size_t count_ = 0;
 };
 
-// Key walks start on a multiple of kKeyAlign (a multiple of every target's panel width), so that a
-// walk that skips keys nobody in the block sees still starts on a panel of the packed keys.
+// Key walks start on a multiple of `align`: kKeyAlign (a multiple of every target's panel width),
+// so that a walk that skips keys nobody in the block sees still starts on a panel of the packed
+// keys (decode), or panel_step(), where the products take B from inside a panel (cpu_flash,
+// PanelsB::first_column), so that a walk wastes at most one vector of keys before its first.
 constexpr int64_t kKeyAlign = 64;
-inline int64_t key_walk_start(const KeyRange& keys) { return keys.begin / kKeyAlign * kKeyAlign; }
+inline int64_t key_walk_start(const KeyRange& keys, int64_t align = kKeyAlign) { return keys.begin / align * align; }
 
 // Where make_tile writes a tile's additions: bias and dropout rows share the scores' stride (null
 // when the problem has no additions, no dropout); first and end hold one entry per row; cap_slope
