@@ -21,6 +21,7 @@ packages=(
   libopenmpi-dev
   openmpi-bin
   libsleef-dev
+  libxsmm-dev
   libicu-dev
   libgtest-dev
   libbenchmark-dev

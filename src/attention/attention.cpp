@@ -343,8 +343,8 @@ Problem read_operands(Args& a, const View<const T>& query, const View<const Kv>&
 
 // The two calls, on views: `fresh` when the outputs are newly made tensors (zero already,
 // distinct from everything), so neither the checks nor the zeroing is needed. Keys and values
-// are T, or (Kv, with T float) bfloat16/float16: those the decode backend reads in place and the
-// other backends read converted to float.
+// are T, or (Kv, with T float) bfloat16/float16: decode and cpu_flash read those in place (widened
+// where they are read or packed), the reference converted to float.
 template <class T, class Kv = T>
 void forward(View<const T> query, View<const Kv> key, View<const Kv> value, const ForwardOutputs<T>& out,
              const Options<T>& options, bool fresh) {
@@ -365,7 +365,7 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
       check_output(out.weights, {p.batch, p.query_heads, p.query_len, p.key_len}, "weights", inputs, written);
   }
   if constexpr (!std::is_same_v<T, Kv>) {
-    if (backend != Backend::decode) {  // the check paths: the keys and values converted to float
+    if (backend == Backend::reference) {  // the check path: the keys and values converted to float
       Options<T> resolved = options;
       resolved.backend = backend;
       return forward<T, T>(query, to_float(key), to_float(value), out, resolved, fresh);
@@ -383,11 +383,10 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
   if (no_query_rows(p)) return;  // the (empty) results are made
   if constexpr (std::is_same_v<T, float>) {
     if (backend == Backend::decode) return detail::decode_forward(p, additions, a);
+    if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, additions, a);
   }
   if constexpr (std::is_same_v<T, Kv>) {
     if (backend == Backend::reference) return detail::reference_forward(p, additions, a);
-    if constexpr (std::is_same_v<T, float>)
-      if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, additions, a);
   }
   throw Error("sdpa_forward: options.backend: unknown backend");
 }

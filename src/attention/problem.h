@@ -217,7 +217,7 @@ struct Sinks {
 // cpu_flash also every element of output, which the reference adds into (it starts at 0 there).
 // The weights start at 0 (cpu_flash leaves the keys causality hides unwritten); absent unless
 // the call asked for them. Keys and values may be stored in another type than the queries
-// (Kv: bfloat16 or float16 in a KV cache, read by the decode backend).
+// (Kv: bfloat16 or float16 in a KV cache, read by the decode and cpu_flash backends).
 template <class T, class Kv = T>
 struct ForwardArgs {
   Sinks<T> sinks;

@@ -208,6 +208,49 @@ void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst) 
   HWY_DYNAMIC_DISPATCH(PackTransposed)(x, ld, n, k, dst);
 }
 
+namespace {
+
+// The half-precision packers: X's rows widened into a float scratch (a panel's rows at a time for
+// pack_transposed, one row at a time for pack_rows), then placed as the float packers place them.
+template <class Half>
+void pack_rows_widened(const Half* x, size_t ld, size_t k, size_t n, float* dst) {
+  const size_t W = panel_width();
+  thread_local std::vector<float> row;
+  row.resize(n);
+  for (size_t kk = 0; kk < k; ++kk) {
+    convert(x + kk * ld, row.data(), n);
+    for (size_t p = 0; p * W < n; ++p) {
+      const size_t width = std::min(W, n - p * W);
+      float* out = dst + p * k * W + kk * W;
+      std::copy_n(row.data() + p * W, width, out);
+      std::fill(out + width, out + W, 0.0f);
+    }
+  }
+}
+
+template <class Half>
+void pack_transposed_widened(const Half* x, size_t ld, size_t n, size_t k, float* dst) {
+  const size_t W = panel_width();
+  thread_local std::vector<float> rows;
+  rows.resize(W * k);
+  for (size_t p = 0; p * W < n; ++p) {
+    const size_t width = std::min(W, n - p * W);
+    for (size_t c = 0; c < width; ++c) convert(x + (p * W + c) * ld, rows.data() + c * k, k);
+    HWY_DYNAMIC_DISPATCH(PackTransposed)(rows.data(), k, width, k, dst + p * k * W);
+  }
+}
+
+}  // namespace
+
+void pack_rows(const bfloat16* x, size_t ld, size_t k, size_t n, float* dst) { pack_rows_widened(x, ld, k, n, dst); }
+void pack_rows(const float16* x, size_t ld, size_t k, size_t n, float* dst) { pack_rows_widened(x, ld, k, n, dst); }
+void pack_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, float* dst) {
+  pack_transposed_widened(x, ld, n, k, dst);
+}
+void pack_transposed(const float16* x, size_t ld, size_t n, size_t k, float* dst) {
+  pack_transposed_widened(x, ld, n, k, dst);
+}
+
 PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what)
     : what_(what) {
   check(weight.dim() == 2 && row_major(weight), what, ": weight: expected a contiguous 2-D (out_features, "

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../support/assertions.h"
@@ -92,6 +93,44 @@ TEST(PanelPacking, EveryElementWhereTheLayoutSays) {
             }
       }
   }
+}
+
+// bfloat16/float16 operands (a KV cache's) packed as they are widened: the very floats the float
+// packers give for the widened values, on every target.
+template <class Half>
+void expect_half_packing_is_float_packing(mha::Generator& gen) {
+  for (const std::string& target : mha::simd_targets()) {
+    mha::ScopedSimdTarget pin(target);
+    const size_t W = mha::panel_gemm::panel_width();
+    for (size_t n : {size_t{1}, W + 3})
+      for (size_t k : {size_t{5}, size_t{64}}) {
+        const size_t ld = std::max(n, k) + 2, rows = std::max(n, k), panels = (n + W - 1) / W;
+        std::vector<Half> half(rows * ld);
+        std::vector<float> widened(rows * ld);
+        for (size_t i = 0; i < half.size(); ++i) {
+          if constexpr (std::is_same_v<Half, mha::bfloat16>) {
+            half[i] = mha::to_bfloat16(static_cast<float>(gen.uniform(-3, 3)));
+          } else {
+            half[i] = mha::to_float16(static_cast<float>(gen.uniform(-3, 3)));
+          }
+          widened[i] = mha::to_float(half[i]);
+        }
+        std::vector<float> from_half(panels * W * k, -1.0f), from_float(panels * W * k, -2.0f);
+        const std::string where = target + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+        mha::panel_gemm::pack_transposed(half.data(), ld, n, k, from_half.data());
+        mha::panel_gemm::pack_transposed(widened.data(), ld, n, k, from_float.data());
+        ASSERT_EQ(from_half, from_float) << "pack_transposed " << where;
+        mha::panel_gemm::pack_rows(half.data(), ld, k, n, from_half.data());
+        mha::panel_gemm::pack_rows(widened.data(), ld, k, n, from_float.data());
+        ASSERT_EQ(from_half, from_float) << "pack_rows " << where;
+      }
+  }
+}
+
+TEST(PanelPacking, HalfPrecisionIsPackedAsItsFloatValues) {
+  mha::Generator gen(13);
+  expect_half_packing_is_float_packing<mha::bfloat16>(gen);
+  expect_half_packing_is_float_packing<mha::float16>(gen);
 }
 
 // B starting inside a packed panel (PanelsB::first_column, at any multiple of panel_step()) gives

@@ -27,6 +27,8 @@
 #include "mha/core/escape.h"
 #include "mha/core/gemm.h"
 #include "mha/core/half.h"
+#include "mha/core/bf16_gemm.h"
+#include "mha/core/panel_gemm.h"
 #include "mha/core/random.h"
 #include "mha/nn/multihead_attention.h"
 #if MHA_WITH_MPI
@@ -41,6 +43,7 @@ struct BenchArgs {
   std::string backend = "automatic";
   bool quick = false;   // small shapes only: a smoke run for tests
   bool decode = false;  // decode steps against a KV cache instead (run_decode_bench)
+  bool gemm = false;    // attention's tile products in bfloat16 and float32 instead (run_gemm_bench)
   int repeats = 5;
   // --context-parallel (under mpirun): run_context_parallel_bench
   std::string context_parallel, layout = "zigzag";
@@ -313,6 +316,59 @@ void run_decode_bench(const BenchArgs& args) {
   write_report(report, args.json_path);
 }
 
+// Attention's tile products, one thread, operands in cache (a tile's reuse within a block): the
+// float32 panel micro-kernel against bf16 × bf16 → float (bf16_gemm.h) on the CPU's bf16
+// instructions, where it has them, and on the float32 fallback a CPU without them takes.
+void run_gemm_bench(const BenchArgs& args) {
+  nlohmann::json report;
+  const bool native = bf16_gemm::native();
+  std::printf("mha bench --gemm: one thread; GFLOP/s of C (m x n, float) = A (m x k) . B (k x n)\n"
+              "bf16 instructions (AVX512_BF16, libxsmm): %s\n\n%-26s %5s %5s %5s %10s %10s %10s\n",
+              native ? "yes" : "no (the float32 fallback runs)", "tile", "m", "n", "k", "float32", "bf16",
+              "bf16 fb");
+  struct Shape3 {
+    const char* name;
+    size_t m, n, k;
+  };
+  const std::vector<Shape3> shapes = {{"S = Q.K^T, d 64", 96, 256, 64},   {"S = Q.K^T, d 64, 48 rows", 48, 256, 64},
+                                      {"S, a band of 12 rows", 12, 272, 64}, {"O += P.V, d 64", 96, 64, 256},
+                                      {"S = Q.K^T, d 128", 96, 256, 128},  {"O += P.V, d 128", 96, 128, 256}};
+  Generator gen(3);
+  for (const Shape3& t : shapes) {
+    const size_t W = panel_gemm::panel_width(), n_padded = (t.n + W - 1) / W * W;
+    std::vector<float> a(t.m * t.k), b(t.k * t.n), b_panels(n_padded * t.k), c(t.m * n_padded);
+    std::vector<bfloat16> a16(t.m * t.k), b16(t.k * t.n), b_pairs(bf16_gemm::packed_size(t.k, t.n));
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = to_bfloat16(a[i] = static_cast<float>(gen.uniform(-1, 1)));
+    for (size_t i = 0; i < b.size(); ++i) b16[i] = to_bfloat16(b[i] = static_cast<float>(gen.uniform(-1, 1)));
+    panel_gemm::pack_rows(b.data(), t.n, t.k, t.n, b_panels.data());
+    bf16_gemm::pack_b(b16.data(), t.n, t.k, t.n, b_pairs.data());
+    const int calls = static_cast<int>(std::max<size_t>(1, (args.quick ? 20000000 : 400000000) / (t.m * t.n * t.k)));
+    const double flops = 2.0 * static_cast<double>(t.m * t.n * t.k) * calls;
+    auto rate = [&](const std::function<void()>& product) {
+      return flops / median_seconds([&] { for (int r = 0; r < calls; ++r) product(); }, args.repeats) / 1e9;
+    };
+    const double f32 = rate([&] {
+      panel_gemm::multiply(t.m, t.n, t.k, {a.data(), t.k}, {b_panels.data(), W, t.k * W}, {c.data(), n_padded}, true);
+    });
+    auto bf16 = [&] { bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), c.data(), n_padded, true); };
+    const double native_rate = native ? rate(bf16) : 0.0;
+    double fallback_rate;
+    {
+      bf16_gemm::ScopedFloat32Fallback pin;
+      fallback_rate = rate(bf16);
+    }
+    char native_text[32] = "-";
+    if (native) std::snprintf(native_text, sizeof native_text, "%.1f", native_rate);
+    std::printf("%-26s %5zu %5zu %5zu %10.1f %10s %10.1f\n", t.name, t.m, t.n, t.k, f32, native_text, fallback_rate);
+    std::fflush(stdout);
+    report["tiles"].push_back({{"tile", t.name}, {"m", t.m}, {"n", t.n}, {"k", t.k}, {"float32_gflops", f32},
+                               {"bf16_gflops", native ? nlohmann::json(native_rate) : nlohmann::json()},
+                               {"bf16_fallback_gflops", fallback_rate}});
+  }
+  report["bf16_instructions"] = native;
+  write_report(report, args.json_path);
+}
+
 #if MHA_WITH_MPI
 // Context-parallel attention under mpirun: for each sequence length, each rank builds random
 // rows of its own (its layout's share of a B = 1 call), and the forward (and backward) are timed
@@ -428,6 +484,9 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "a few small shapes only (a smoke test)");
+  cmd->add_flag("--gemm", args->gemm,
+                "attention's tile products in bfloat16 (the CPU's bf16 instructions, and the float32 fallback) "
+                "beside float32, one thread, instead");
   cmd->add_flag("--decode", args->decode,
                 "decode steps against a KV cache (float32 and bfloat16) beside the machine's read bandwidth, "
                 "instead of the attention and module shapes");
@@ -461,6 +520,7 @@ void add_bench_command(CLI::App& app) {
       throw Error("--context-parallel: this mha was built without MPI (install libopenmpi-dev and rebuild)");
 #endif
     }
+    if (args->gemm) return run_gemm_bench(*args);
     args->decode ? run_decode_bench(*args) : run_bench(*args);
   });
 }

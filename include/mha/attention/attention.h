@@ -96,8 +96,9 @@ void merge_partial(View<double> output, View<double> logsumexp, View<const T> bl
 
 // Keys and values stored in bfloat16 or float16 (a KV cache's), queries and outputs in float:
 // the same call, contract and options. The decode backend (automatic's choice for at most 16
-// query rows without weights) converts each block of keys and values to float as it reads it and
-// computes in float; reference and cpu_flash run on a float copy of the keys and values.
+// query rows without weights) converts each block of keys and values to float as it reads it,
+// cpu_flash as it packs a kv head's keys (never a float copy of the cache), and both compute in
+// float; the reference runs on a float copy of the keys and values.
 void sdpa_forward_into(View<const float> query, View<const bfloat16> key, View<const bfloat16> value,
                        const ForwardOutputs<float>& out, const Options<float>& options = {});
 void sdpa_forward_into(View<const float> query, View<const float16> key, View<const float16> value,

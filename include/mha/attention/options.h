@@ -30,7 +30,8 @@ enum class Causal { none, top_left, bottom_right };
 //              otherwise; double: reference (the default)
 //   reference  the definition written plainly, one query row at a time (any scalar type)
 //   cpu_flash  the fused, tiled CPU kernel: never builds the L×S score matrix unless weights are
-//              asked for, SIMD through Highway with run-time dispatch (float only)
+//              asked for, SIMD through Highway with run-time dispatch (float only; reads
+//              bfloat16/float16 keys and values in place, widened as it packs them)
 //   decode     flash-decoding for few query rows against many keys (generation against a KV
 //              cache): the keys split into fixed chunks across threads, partial results merged by
 //              log-sum-exp; reads bfloat16/float16 keys and values in place (float only; no

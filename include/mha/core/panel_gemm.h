@@ -22,6 +22,7 @@
 #include <functional>
 #include <string>
 
+#include "mha/core/half.h"
 #include "mha/core/tensor.h"
 #include "mha/core/view.h"
 
@@ -65,9 +66,15 @@ void multiply(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, boo
 // Panel layouts (panel_stride = k·W, columns beyond n zero-filled up to the panel's end):
 //   pack_rows:       B = X,  X is k × n (row stride ld);  dst[p·k·W + kk·W + c] = X[kk][p·W + c]
 //   pack_transposed: B = Xᵀ, X is n × k (row stride ld);  dst[p·k·W + kk·W + c] = X[p·W + c][kk]
-// dst must hold round_up(n, W)·k floats.
+// dst must hold round_up(n, W)·k floats. X may be bfloat16 or float16 (a KV cache's), widened to
+// float as it is packed: the packing is where a half-precision operand becomes float, never a
+// float copy of the whole of it.
 void pack_rows(const float* x, size_t ld, size_t k, size_t n, float* dst);
 void pack_transposed(const float* x, size_t ld, size_t n, size_t k, float* dst);
+void pack_rows(const bfloat16* x, size_t ld, size_t k, size_t n, float* dst);
+void pack_rows(const float16* x, size_t ld, size_t k, size_t n, float* dst);
+void pack_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, float* dst);
+void pack_transposed(const float16* x, size_t ld, size_t n, size_t k, float* dst);
 
 // W (out_features, in_features) row-major, as torch.nn.Linear stores it, packed once as Wᵀ's
 // panels for the SIMD target chosen at packing time.

@@ -75,7 +75,7 @@ Chunks split_items(int64_t kv_pairs, int64_t items) {
   return chunks;
 }
 
-// The most keys a block's walk reads (Problem::visible_keys from the walk's panel-aligned start),
+// The most keys a block's walk reads (Problem::visible_keys from its walk_start), rounded up to
 // whole panels of W: a walk within a segment is at most this wide.
 size_t widest_walk(const Problem& p, int64_t B, const QueryBlocks& blocks, size_t W) {
   int64_t widest = 0;
@@ -115,7 +115,6 @@ struct Plan {
   bool partial;     // a block of the rows' keys (Problem::partial_keys)
   bool banded;      // S, dP and dQ by groups of rows (for_each_band)
   size_t step = panel_step();  // where a band's columns may begin
-
 
   explicit Plan(const Problem& p)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),

@@ -21,7 +21,9 @@
 
 namespace mha::attention::detail {
 
-void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a);
+// Keys and values float, or bfloat16/float16 (Kv: a KV cache's), widened as they are packed.
+template <class Kv>
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a);
 
 void cpu_flash_backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a);
 

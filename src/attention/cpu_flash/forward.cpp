@@ -69,7 +69,8 @@ struct Scratch {
 
 // Queries [i0, i0 + rows) of (b, h): the online softmax over the key blocks they see, then the
 // output and logsumexp rows, then (when asked) the weights.
-void forward_query_block(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a,
+template <class Kv>
+void forward_query_block(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a,
                          const PackedKv& kv, Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) {
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
   const size_t W = panel_width(), Bc = kForwardKeys, dv_padded = s.dv_padded;
@@ -166,7 +167,8 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
 
 }  // namespace
 
-void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float>& a) {
+template <class Kv>
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S), rows at any strides
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
@@ -192,7 +194,8 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
   const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
   Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
   Buffer<float> shared_v(shared_packs ? v_size : 0, Buffer<float>::Uninitialized);
-  // Keys [first, first + count) of kv head kv (= b·Hkv + kv head) into kt and v.
+  // Keys [first, first + count) of kv head kv (= b·Hkv + kv head) into kt and v (bfloat16 or float16
+  // keys and values, a KV cache's, widened to float here: the only float copy of them is the pack).
   auto pack_kv_head = [&](int64_t kv, int64_t first, int64_t count, float* kt, float* v) {
     pack_transposed(a.key.row(kv / Hkv, kv % Hkv, first), to_size(a.key.stride_row), to_size(count), Dqk, kt);
     pack_rows(a.value.row(kv / Hkv, kv % Hkv, first), to_size(a.value.stride_row), to_size(count), Dv, v);
@@ -239,5 +242,9 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
     }
   }
 }
+
+template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float>&);
+template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, bfloat16>&);
+template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float16>&);
 
 }  // namespace mha::attention::detail

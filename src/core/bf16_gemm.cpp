@@ -1,0 +1,118 @@
+// bf16 × bf16 → float products (mha/core/bf16_gemm.h): libxsmm's JIT kernels where the CPU has
+// AVX512_BF16, the float32 panel micro-kernel on widened operands elsewhere.
+#include "mha/core/bf16_gemm.h"
+
+#include <libxsmm.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "mha/core/panel_gemm.h"
+
+namespace mha::bf16_gemm {
+
+namespace {
+
+std::atomic<bool> forced_fallback{false};
+
+// libxsmm's view of the CPU: Cooper Lake ("cpx") and every later x86 target it knows have
+// AVX512_BF16 (an AMD Zen 4 reports "cpx").
+bool cpu_has_bf16() {
+  static const bool has = [] {
+    libxsmm_init();
+    return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX;
+  }();
+  return has;
+}
+
+// B[kk][c] of a packed B with n columns.
+bfloat16 packed_at(const bfloat16* b, size_t n, size_t kk, size_t c) { return b[kk / 2 * 2 * n + 2 * c + kk % 2]; }
+
+// The row-major product C = A·B is libxsmm's column-major Cᵀ = Bᵀ·Aᵀ: its A is our packed B (n ×
+// k, pairs of k interleaved: the VNNI_A layout), its B our A (k × m, leading dimension lda). The
+// JIT kernels take an even depth (an odd k's last row of B is added on its own) and read A's rows
+// in pairs from the row start, which needs an even lda (measured: an odd one gives wrong rows).
+bool multiply_native(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b, float* c,
+                     size_t ldc, bool accumulate) {
+  if (lda % 2 != 0) return false;
+  const size_t even = k / 2 * 2;
+  if (even > 0) {
+    const auto M = static_cast<libxsmm_blasint>(n), N = static_cast<libxsmm_blasint>(m),
+               K = static_cast<libxsmm_blasint>(even), LDA = M, LDB = static_cast<libxsmm_blasint>(lda),
+               LDC = static_cast<libxsmm_blasint>(ldc);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const int flags = LIBXSMM_GEMM_FLAG_VNNI_A;
+    const libxsmm_bsmmfunction kernel = libxsmm_bsmmdispatch(M, N, K, &LDA, &LDB, &LDC, &alpha, &beta, &flags, nullptr);
+    if (kernel == nullptr) return false;
+    kernel(reinterpret_cast<const libxsmm_bfloat16*>(b), reinterpret_cast<const libxsmm_bfloat16*>(a), c);
+  } else if (!accumulate) {
+    for (size_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, 0.0f);
+  }
+  if (even < k)
+    for (size_t r = 0; r < m; ++r) {
+      const float x = to_float(a[r * lda + even]);
+      for (size_t col = 0; col < n; ++col) c[r * ldc + col] += x * to_float(packed_at(b, n, even, col));
+    }
+  return true;
+}
+
+// A and B widened to float (B into panels), the product into a scratch C of whole vectors, then
+// written or added to C's n columns.
+void multiply_float32(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b, float* c,
+                      size_t ldc, bool accumulate) {
+  const size_t W = panel_gemm::panel_width(), n_padded = (n + W - 1) / W * W;
+  thread_local std::vector<float> a32, b32, b_panels, c32;
+  a32.resize(m * k);
+  b32.resize(k * n);
+  b_panels.resize(n_padded * k);
+  c32.resize(m * n_padded);
+  for (size_t r = 0; r < m; ++r) convert(a + r * lda, a32.data() + r * k, k);
+  for (size_t kk = 0; kk < k; ++kk)
+    for (size_t col = 0; col < n; ++col) b32[kk * n + col] = to_float(packed_at(b, n, kk, col));
+  panel_gemm::pack_rows(b32.data(), n, k, n, b_panels.data());
+  panel_gemm::multiply(m, n, k, {a32.data(), k}, {b_panels.data(), W, k * W}, {c32.data(), n_padded}, false);
+  for (size_t r = 0; r < m; ++r)
+    for (size_t col = 0; col < n; ++col)
+      c[r * ldc + col] = accumulate ? c[r * ldc + col] + c32[r * n_padded + col] : c32[r * n_padded + col];
+}
+
+}  // namespace
+
+size_t packed_size(size_t k, size_t n) { return (k + 1) / 2 * 2 * n; }
+
+void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst) {
+  for (size_t kk = 0; kk < k; kk += 2) {
+    bfloat16* pairs = dst + kk * n;
+    const bfloat16* first = x + kk * ld;
+    const bfloat16* second = kk + 1 < k ? x + (kk + 1) * ld : nullptr;
+    for (size_t col = 0; col < n; ++col) {
+      pairs[2 * col] = first[col];
+      pairs[2 * col + 1] = second != nullptr ? second[col] : bfloat16{0};
+    }
+  }
+}
+
+void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat16* dst) {
+  for (size_t col = 0; col < n; ++col) {
+    const bfloat16* row = x + col * ld;  // B's column col: a pair of it is two neighbours of the row
+    for (size_t kk = 0; kk < k; kk += 2) {
+      dst[kk * n + 2 * col] = row[kk];
+      dst[kk * n + 2 * col + 1] = kk + 1 < k ? row[kk + 1] : bfloat16{0};
+    }
+  }
+}
+
+void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed, float* c,
+              size_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (native() && multiply_native(m, n, k, a, lda, b_packed, c, ldc, accumulate)) return;
+  multiply_float32(m, n, k, a, lda, b_packed, c, ldc, accumulate);
+}
+
+bool native() { return !forced_fallback.load(std::memory_order_relaxed) && cpu_has_bf16(); }
+
+ScopedFloat32Fallback::ScopedFloat32Fallback() : saved_(forced_fallback.exchange(true)) {}
+ScopedFloat32Fallback::~ScopedFloat32Fallback() { forced_fallback.store(saved_); }
+
+}  // namespace mha::bf16_gemm
