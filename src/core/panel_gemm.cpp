@@ -134,11 +134,9 @@ void PackRows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
 }
 
 // x's rows [c0, c0 + 4) × columns [kk, kk + 4), transposed into rows kk.. of a panel of width W.
+// (HWY_SCALAR has no 128-bit vectors, and its panels are 2 wide: it packs element by element.)
+#if HWY_TARGET != HWY_SCALAR
 HWY_INLINE void Transpose4x4(const float* x, size_t ld, size_t c0, size_t kk, float* panel, size_t W) {
-#if HWY_TARGET == HWY_SCALAR  // no 128-bit vectors (and panels of 2: never called)
-  for (size_t c = c0; c < c0 + 4; ++c)
-    for (size_t e = kk; e < kk + 4; ++e) panel[e * W + c] = x[c * ld + e];
-#else
   const hn::Full128<float> d;
   const hn::Full128<double> dd;
   const auto r0 = hn::LoadU(d, x + c0 * ld + kk), r1 = hn::LoadU(d, x + (c0 + 1) * ld + kk);
@@ -149,8 +147,8 @@ HWY_INLINE void Transpose4x4(const float* x, size_t ld, size_t c0, size_t kk, fl
   hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(dd, t0, t1)), d, panel + (kk + 1) * W + c0);
   hn::StoreU(hn::BitCast(d, hn::InterleaveLower(dd, t2, t3)), d, panel + (kk + 2) * W + c0);
   hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(dd, t2, t3)), d, panel + (kk + 3) * W + c0);
-#endif
 }
+#endif
 
 // Whole panels go 4 × 4 at a time (measured: the scalar loop's strided stores took 8 % of a
 // windowed attention forward, which packs its keys as its walk slides; AVX-512 gathers 5 %).
@@ -159,7 +157,8 @@ void PackTransposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
   for (size_t p = 0; p * W < n; ++p) {
     const size_t width = std::min(W, n - p * W);
     float* panel = dst + p * k * W;
-    if (width == W && W % 4 == 0) {  // (HWY_SCALAR's panels are 2 wide)
+#if HWY_TARGET != HWY_SCALAR
+    if (width == W) {
       const float* rows = x + p * W * ld;
       const size_t k4 = k / 4 * 4;
       for (size_t c = 0; c < W; c += 4)
@@ -168,6 +167,7 @@ void PackTransposed(const float* x, size_t ld, size_t n, size_t k, float* dst) {
         for (size_t kk = k4; kk < k; ++kk) panel[kk * W + c] = rows[c * ld + kk];
       continue;
     }
+#endif
     for (size_t c = 0; c < width; ++c) {
       const float* row = x + (p * W + c) * ld;
       for (size_t kk = 0; kk < k; ++kk) panel[kk * W + c] = row[kk];
