@@ -88,6 +88,8 @@ TEST_F(CliErrors, BadFlagsAndSubcommands) {
   expect_failure("eval --checkpoint " + path("inputs.safetensors") + " --split validation", "--split");
   expect_failure("bench --repeats 0", "--repeats");
   expect_failure("bench --backend fast", "--backend");
+  expect_failure("bench --gemm --decode", "--gemm");
+  expect_failure("bench --gemm --context-parallel ring", "--gemm");
 }
 
 // Integer flags of tokenize and embed name the flag and the bound, not CLI11's range of doubles

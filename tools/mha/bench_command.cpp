@@ -484,15 +484,17 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "a few small shapes only (a smoke test)");
-  cmd->add_flag("--gemm", args->gemm,
-                "attention's tile products in bfloat16 (the CPU's bf16 instructions, and the float32 fallback) "
-                "beside float32, one thread, instead");
+  CLI::Option* gemm = cmd->add_flag("--gemm", args->gemm,
+                                    "attention's tile products in bfloat16 (the CPU's bf16 instructions, and the "
+                                    "float32 fallback) beside float32, one thread, instead");
   cmd->add_flag("--decode", args->decode,
                 "decode steps against a KV cache (float32 and bfloat16) beside the machine's read bandwidth, "
-                "instead of the attention and module shapes");
+                "instead of the attention and module shapes")
+      ->excludes(gemm);
   cmd->add_option("--context-parallel", args->context_parallel,
                   "under mpirun: time context-parallel attention (ring or ulysses) over --lengths instead")
-      ->check(CLI::IsMember({"ring", "ulysses"}));
+      ->check(CLI::IsMember({"ring", "ulysses"}))
+      ->excludes(gemm);
   cmd->add_option("--layout", args->layout, "with --context-parallel: each rank's rows")
       ->check(CLI::IsMember({"contiguous", "zigzag"}))
       ->capture_default_str();
