@@ -202,7 +202,7 @@ ScoreAdditions<T> make_additions(const Problem& p, const Options<T>& options) {
   if (slopes.present())
     for (int64_t b = 0; b < (slopes.stride_b ? p.sequences() : 1); ++b)
       for (int64_t h = 0; h < p.query_heads; ++h)
-        check(std::isfinite(slopes.of(b, h)), "alibi_slopes: expected finite slopes, got ", slopes.of(b, h),
+        check(std::isfinite(widen(slopes.of(b, h))), "alibi_slopes: expected finite slopes, got ", widen(slopes.of(b, h)),
               " at (b, h) = (", b, ", ", h, ")");
   return {broadcast_view<bool>(options.attend_mask, p, "attend_mask"),
           broadcast_view<T>(options.additive_mask, p, "additive_mask"), slopes};
@@ -213,8 +213,8 @@ template <class T>
 detail::Sinks<T> make_sinks(const Problem& p, const Options<T>& options) {
   const detail::HeadValues<T> logits = head_values(options.sinks, p, false, "sinks");
   for (int64_t h = 0; logits.present() && h < p.query_heads; ++h) {
-    const T x = logits.of(0, h);
-    check(!std::isnan(x) && x != std::numeric_limits<T>::infinity(),
+    const double x = widen(logits.of(0, h));
+    check(!std::isnan(x) && x != std::numeric_limits<double>::infinity(),
           "sinks: expected finite logits (or -inf: no sink), got ", x, " for head ", h);
   }
   if (p.whole().key_offset != 0) return {};
@@ -225,22 +225,22 @@ detail::Sinks<T> make_sinks(const Problem& p, const Options<T>& options) {
 // past it cpu_flash's tiles of 96 query rows are the better use of the keys read.
 constexpr int64_t kDecodeRows = 16;
 
-// The backend that runs the forward: `automatic` is decode for float with at most kDecodeRows
-// query rows and no weights asked for, cpu_flash for other float calls, reference for double
-// (the double path exists for checking, where the plain definition is what is wanted).
+// The backend that runs the forward: `automatic` is decode for float, bfloat16 and float16 with at
+// most kDecodeRows query rows and no weights asked for, cpu_flash for their other calls, reference
+// for double (the double path exists for checking, where the plain definition is what is wanted).
 template <class T>
 Backend resolve_backend(Backend requested, const Problem& p, bool need_weights) {
-  constexpr bool is_float = std::is_same_v<T, float>;
+  constexpr bool fused = !std::is_same_v<T, double>;
   if (requested == Backend::automatic) {
-    if (!is_float) return Backend::reference;
+    if (!fused) return Backend::reference;
     return p.query_len <= kDecodeRows && !need_weights && !p.packed.present() ? Backend::decode : Backend::cpu_flash;
   }
   check(requested != Backend::decode || !p.packed.present(),
         "options.backend: decode does not take packed sequences (cu_seqlens): use cpu_flash or automatic");
-  check(requested != Backend::cpu_flash || is_float,
-        "options.backend: cpu_flash supports float32 only (use reference or automatic for double)");
-  check(requested != Backend::decode || is_float,
-        "options.backend: decode supports float32 only (use reference or automatic for double)");
+  check(requested != Backend::cpu_flash || fused,
+        "options.backend: cpu_flash supports float32, bfloat16 and float16 (use reference or automatic for double)");
+  check(requested != Backend::decode || fused,
+        "options.backend: decode supports float32, bfloat16 and float16 (use reference or automatic for double)");
   check(requested != Backend::decode || !need_weights,
         "options.backend: decode does not return the weights (options.need_weights is set): use cpu_flash or "
         "reference");
@@ -282,7 +282,7 @@ template <class T>
 void zero(const View<T>& v) {
   if (v.numel() == 0) return;
   if (v.contiguous()) {
-    std::fill_n(v.data(), v.numel(), T(0));
+    std::fill_n(v.data(), v.numel(), T{});
     return;
   }
   // Rows of the last dimension (rank 3 or 4 here), each contiguous or strided.
@@ -294,22 +294,65 @@ void zero(const View<T>& v) {
       offset += (rest % v.size(a)) * v.stride(a);
       rest /= v.size(a);
     }
-    for (int64_t c = 0; c < v.size(d - 1); ++c) v.data()[offset + c * v.stride(d - 1)] = T(0);
+    for (int64_t c = 0; c < v.size(d - 1); ++c) v.data()[offset + c * v.stride(d - 1)] = T{};
   }
 }
 
-// A contiguous float copy of a half-precision operand (any strides, last dimension contiguous).
-template <class Kv>
-Tensor<float> to_float(const View<const Kv>& v) {
+// f(offset, n) for the n-th element of v in row-major order (any rank, any strides), offset its
+// place in v's memory.
+template <class V, class F>
+void for_each_element(const V& v, F f) {
+  const int64_t d = v.dim();
+  for (int64_t n = 0; n < v.numel(); ++n) {
+    int64_t offset = 0, rest = n;
+    for (int64_t a = d - 1; a >= 0; --a) {
+      offset += (rest % v.size(a)) * v.stride(a);
+      rest /= v.size(a);
+    }
+    f(offset, n);
+  }
+}
+
+// A contiguous float copy of a view (any rank and strides; a broadcast one is made whole): the
+// reference's operands in a bfloat16 or float16 call.
+template <class H>
+Tensor<float> to_float(const View<const H>& v) {
   Tensor<float> t(v.shape());
-  if (v.numel() == 0) return t;
-  const int64_t D = v.size(3);
-  float* out = t.data();
-  for (int64_t b = 0; b < v.size(0); ++b)
-    for (int64_t h = 0; h < v.size(1); ++h)
-      for (int64_t s = 0; s < v.size(2); ++s, out += D)
-        convert(v.data() + b * v.stride(0) + h * v.stride(1) + s * v.stride(2), out, static_cast<size_t>(D));
+  for_each_element(v, [&](int64_t offset, int64_t n) { t.data()[n] = widen(v.data()[offset]); });
   return t;
+}
+
+// dst (+)= src, stored as T: the reference's float results into a bfloat16 or float16 call's outputs.
+template <class T>
+void store(const View<T>& dst, const Tensor<float>& src, bool accumulate) {
+  for_each_element(dst, [&](int64_t offset, int64_t n) {
+    T& x = dst.data()[offset];
+    x = narrow<T>(accumulate ? widen(x) + src.data()[n] : src.data()[n]);
+  });
+}
+
+// A half-precision call's options for the reference, which runs it in float: the masks, sinks and
+// slopes copied to float (`held` keeps the copies).
+template <class T>
+Options<float> float_options(const Options<T>& options, std::vector<Tensor<float>>& held) {
+  Options<float> o;
+  static_cast<Scoring&>(o) = options;
+  o.attend_mask = options.attend_mask;
+  o.query_lengths = options.query_lengths;
+  o.key_lengths = options.key_lengths;
+  o.cu_seqlens_q = options.cu_seqlens_q;
+  o.cu_seqlens_k = options.cu_seqlens_k;
+  o.need_weights = options.need_weights;
+  o.backend = Backend::reference;
+  auto copy = [&](const View<const T>& v, View<const float>& to) {
+    if (!v.defined()) return;
+    held.push_back(to_float(v));
+    to = held.back();
+  };
+  copy(options.additive_mask, o.additive_mask);
+  copy(options.sinks, o.sinks);
+  copy(options.alibi_slopes, o.alibi_slopes);
+  return o;
 }
 
 using ByteRanges = std::vector<std::pair<const char*, const char*>>;
@@ -341,6 +384,14 @@ Problem read_operands(Args& a, const View<const T>& query, const View<const Kv>&
   return p;
 }
 
+template <class T, class Kv>
+void forward_in_float(View<const T> query, View<const Kv> key, View<const Kv> value, const ForwardOutputs<T>& out,
+                      const Options<T>& options);
+template <class T>
+void backward_in_float(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
+                       View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
+                       const Options<T>& options);
+
 // The two calls, on views: `fresh` when the outputs are newly made tensors (zero already,
 // distinct from everything), so neither the checks nor the zeroing is needed. Keys and values
 // are T, or (Kv, with T float) bfloat16/float16: decode and cpu_flash read those in place (widened
@@ -364,12 +415,8 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
     if (options.need_weights)
       check_output(out.weights, {p.batch, p.query_heads, p.query_len, p.key_len}, "weights", inputs, written);
   }
-  if constexpr (!std::is_same_v<T, Kv>) {
-    if (backend == Backend::reference) {  // the check path: the keys and values converted to float
-      Options<T> resolved = options;
-      resolved.backend = backend;
-      return forward<T, T>(query, to_float(key), to_float(value), out, resolved, fresh);
-    }
+  if constexpr (is_half_v<T> || is_half_v<Kv>) {
+    if (backend == Backend::reference) return forward_in_float(query, key, value, out, options);
   }
   a.output = rows_of(out.output, "output", "(B, Hq, L, Dv)");
   if (options.need_weights) a.weights = rows_of(out.weights, "weights", "(B, Hq, L, S)");
@@ -381,11 +428,11 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
     if (options.need_weights) zero(out.weights);
   }
   if (no_query_rows(p)) return;  // the (empty) results are made
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (!std::is_same_v<T, double>) {
     if (backend == Backend::decode) return detail::decode_forward(p, additions, a);
     if (backend == Backend::cpu_flash) return detail::cpu_flash_forward(p, additions, a);
   }
-  if constexpr (std::is_same_v<T, Kv>) {
+  if constexpr (!is_half_v<T> && !is_half_v<Kv>) {
     if (backend == Backend::reference) return detail::reference_forward(p, additions, a);
   }
   throw Error("sdpa_forward: options.backend: unknown backend");
@@ -406,11 +453,11 @@ void sink_gradients(const Problem& p, const detail::BackwardArgs<T>& a, const Vi
         const T* dout = a.grad_output.row(b, h, i);
         const T* out = a.output.row(b, h, i);
         double d = 0;
-        for (int64_t e = 0; e < p.v_head_dim; ++e) d += static_cast<double>(dout[e]) * static_cast<double>(out[e]);
+        for (int64_t e = 0; e < p.v_head_dim; ++e) d += static_cast<double>(widen(dout[e])) * static_cast<double>(widen(out[e]));
         if (d != 0) sum -= std::exp(sink - *a.logsumexp.row(b, h, i)) * d;
       }
     T& g = grad_sinks.data()[h * grad_sinks.stride(0)];
-    g = static_cast<T>((accumulate ? static_cast<double>(g) : 0.0) + sum);
+    g = narrow<T>((accumulate ? static_cast<double>(widen(g)) : 0.0) + sum);
   }
 }
 
@@ -452,7 +499,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   }
   // No query rows: no gradient reaches anything.
   if (no_query_rows(p)) return;
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (!std::is_same_v<T, double>) {
     // The forward ran on decode, whose scores s are summed in another order than the ones
     // cpu_flash's backward recomputes: with large logits the two differ by ulps of s (|s| = 200:
     // 1.5e-5), and so would P = exp(s − logsumexp), relatively. So the logsumexp comes from
@@ -471,15 +518,55 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
   }
   switch (backend) {
     case Backend::reference:
-      return detail::reference_backward(p, additions, a);
+      if constexpr (is_half_v<T>) {
+        return backward_in_float(query, key, value, output, logsumexp, grad_output, grads, options);
+      } else {
+        return detail::reference_backward(p, additions, a);
+      }
     case Backend::cpu_flash:
-      if constexpr (std::is_same_v<T, float>) return detail::cpu_flash_backward(p, additions, a);
+      if constexpr (!std::is_same_v<T, double>) return detail::cpu_flash_backward(p, additions, a);
       break;
     case Backend::automatic:
     case Backend::decode:
       break;
   }
   throw Error("sdpa_backward: options.backend: unknown backend");
+}
+
+// The reference on a call with bfloat16 or float16 operands (the check path, which the fused
+// backends are tested against): the operands and options copied to float, the float call, its
+// results stored in the call's type. The outputs are checked (and zero where asked) already.
+template <class T, class Kv>
+void forward_in_float(View<const T> query, View<const Kv> key, View<const Kv> value, const ForwardOutputs<T>& out,
+                      const Options<T>& options) {
+  std::vector<Tensor<float>> held;
+  const Options<float> o = float_options(options, held);
+  const Tensor<float> q = to_float(query), k = to_float(key), v = to_float(value);
+  if constexpr (std::is_same_v<T, float>) {
+    forward<float, float>(query, k, v, out, o, /*fresh=*/false);
+  } else {
+    Tensor<float> output(out.output.shape());
+    Tensor<float> weights(out.weights.defined() ? out.weights.shape() : Shape{0});
+    forward<float, float>(q, k, v, {output, out.logsumexp, out.weights.defined() ? View<float>(weights) : View<float>()},
+                          o, /*fresh=*/false);
+    store(out.output, output, false);
+    if (out.weights.defined()) store(out.weights, weights, false);
+  }
+}
+
+// The backward's (sink gradients are the caller's, made before).
+template <class T>
+void backward_in_float(View<const T> query, View<const T> key, View<const T> value, View<const T> output,
+                       View<const double> logsumexp, View<const T> grad_output, const GradientOutputs<T>& grads,
+                       const Options<T>& options) {
+  std::vector<Tensor<float>> held;
+  const Options<float> o = float_options(options, held);
+  Tensor<float> dq(query.shape()), dk(key.shape()), dv(value.shape());
+  backward<float>(to_float(query), to_float(key), to_float(value), to_float(output), logsumexp, to_float(grad_output),
+                  {dq, dk, dv, false, {}}, o, /*fresh=*/true);
+  store(grads.grad_query, dq, grads.accumulate);
+  store(grads.grad_key, dk, grads.accumulate);
+  store(grads.grad_value, dv, grads.accumulate);
 }
 
 void check_rank4(const Shape& shape, const char* name, const char* layout) {
@@ -566,7 +653,7 @@ void merge_partial(View<double> output, View<double> logsumexp, View<const T> bl
         const double keep = std::exp(l - merged), add = std::exp(lb - merged);
         double* o = out.row(b, h, i);
         const T* ob = blk.row(b, h, i);
-        for (int64_t d = 0; d < D; ++d) o[d] = keep * o[d] + add * static_cast<double>(ob[d]);
+        for (int64_t d = 0; d < D; ++d) o[d] = keep * o[d] + add * static_cast<double>(widen(ob[d]));
         l = merged;
       }
 }
@@ -582,6 +669,8 @@ void merge_partial(View<double> output, View<double> logsumexp, View<const T> bl
   template void merge_partial(View<double>, View<double>, View<const T>, View<const double>);
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bfloat16)
+MHA_INSTANTIATE(float16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::attention

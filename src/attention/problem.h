@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "mha/attention/options.h"
+#include "mha/core/half.h"
 
 namespace mha::attention::detail {
 
@@ -163,19 +164,21 @@ struct ScoreAdditions {
 
   bool present() const { return additive.present() || attend.present() || alibi_slopes.present(); }
 
-  // Row (b, h, i) of the additions but the key range, key by key (j counted in this call's keys).
+  // Row (b, h, i) of the additions but the key range, key by key (j counted in this call's keys),
+  // in T's computing type (float for bfloat16 and float16 masks and slopes).
   struct Row {
+    using A = widened_t<T>;
     const T* add = nullptr;
     int64_t add_stride = 0;
     const bool* keep = nullptr;
     int64_t keep_stride = 0;
-    T slope = 0;         // ALiBi's, 0 without
+    A slope = 0;         // ALiBi's, 0 without
     int64_t origin = 0;  // the query's own key (i + diagonal), in this call's key numbering
 
-    T operator()(int64_t j) const {
-      T v = add ? add[j * add_stride] : T(0);
-      if (keep && !keep[j * keep_stride]) v += -std::numeric_limits<T>::infinity();
-      if (slope != T(0)) v += -slope * static_cast<T>(origin > j ? origin - j : j - origin);
+    A operator()(int64_t j) const {
+      A v = add ? widen(add[j * add_stride]) : A(0);
+      if (keep && !keep[j * keep_stride]) v += -std::numeric_limits<A>::infinity();
+      if (slope != A(0)) v += -slope * static_cast<A>(origin > j ? origin - j : j - origin);
       return v;
     }
   };
@@ -183,7 +186,7 @@ struct ScoreAdditions {
     Row r{additive.present() ? additive.row(b, h, i) : nullptr, additive.stride_j,
           attend.present() ? attend.row(b, h, i) : nullptr, attend.stride_j};
     if (alibi_slopes.present()) {
-      r.slope = alibi_slopes.of(p.sequence_of(b, i).index, h);
+      r.slope = widen(alibi_slopes.of(p.sequence_of(b, i).index, h));
       r.origin = p.diagonal_key(b, i);
     }
     return r;
@@ -209,7 +212,7 @@ struct Sinks {
 
   bool present() const { return logits.present(); }
   double of(int64_t b, int64_t h) const {
-    return logits.present() ? static_cast<double>(logits.of(b, h)) : -std::numeric_limits<double>::infinity();
+    return logits.present() ? static_cast<double>(widen(logits.of(b, h))) : -std::numeric_limits<double>::infinity();
   }
 };
 

@@ -189,10 +189,10 @@ TEST(CpuFlash, RefusesDouble) {
   Tensor<double> q({1, 1, 3, 4}), k({1, 1, 5, 4}), v({1, 1, 5, 4});
   Options<double> opt;
   opt.backend = Backend::cpu_flash;
-  expect_error([&] { sdpa_forward(q, k, v, opt); }, "options.backend: cpu_flash supports float32 only");
+  expect_error([&] { sdpa_forward(q, k, v, opt); }, "options.backend: cpu_flash supports float32, bfloat16 and float16");
   auto fwd = sdpa_forward(q, k, v);
   expect_error([&] { sdpa_backward(q, k, v, fwd.output, fwd.logsumexp, fwd.output, opt); },
-               "options.backend: cpu_flash supports float32 only");
+               "options.backend: cpu_flash supports float32, bfloat16 and float16");
 }
 
 // Every SIMD target compiled in and supported here (AVX-512, AVX2, SSE4, SSSE3, emulated

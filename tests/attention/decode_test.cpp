@@ -243,7 +243,7 @@ TEST(Decode, RejectsWhatItCannotDo) {
   Options<double> dopt;
   dopt.backend = Backend::decode;
   expect_error([&] { sdpa_forward(mha::cast<double>(q), mha::cast<double>(k), mha::cast<double>(v), dopt); },
-               "decode supports float32 only");
+               "decode supports float32, bfloat16 and float16");
   Tensor<bfloat16> hk({1, 1, 3, 5}), hv({1, 1, 3, 4});
   Tensor<float> out({1, 1, 1, 4});
   Tensor<double> lse({1, 1, 1});

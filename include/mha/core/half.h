@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace mha {
 
@@ -82,6 +83,26 @@ inline float16 to_float16(float f) {
 // ±inf, gradual underflow to subnormals, NaN quiet with the top of its payload. Rounding through
 // float would round twice (1 + 2⁻¹¹ + 2⁻⁴⁰ would become 1 in float16, not 1 + 2⁻¹⁰). For a
 // double that holds a float, the same bits as the float overloads above.
+// widen(x): x as the type it is computed in, float for the half types (float and double are
+// their own); narrow<T>(x): a float result stored as T, rounded once. The one pair the kernels use
+// where they read or write an operand that may be float, bfloat16 or float16 (from a float or a
+// double x, rounded once).
+inline float widen(bfloat16 x) { return to_float(x); }
+inline float widen(float16 x) { return to_float(x); }
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+template <class T>
+using widened_t = decltype(widen(T{}));
+template <class T, class F>
+T narrow(F x) {
+  if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(x);
+  else if constexpr (std::is_same_v<T, float16>) return to_float16(x);
+  else return static_cast<T>(x);
+}
+// Whether T is one of the 16-bit storage types.
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
 bfloat16 to_bfloat16(double value);
 float16 to_float16(double value);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mha/core/error.h"
+#include "mha/core/half.h"
 
 namespace mha {
 
@@ -163,12 +164,18 @@ void Tensor<T>::reshape_in_place(Shape new_shape) {
   shape_ = std::move(new_shape);
 }
 
-// Element type conversion (float <-> double, bool -> float as 0/1).
+// Element type conversion (float <-> double, bool -> float as 0/1, bfloat16/float16 <-> float or
+// double, rounded once to nearest even).
 template <class To, class From>
 Tensor<To> cast(const Tensor<From>& from) {
   if (!from.defined()) return {};
   Tensor<To> out(from.shape());
-  for (int64_t i = 0; i < from.numel(); ++i) out[i] = static_cast<To>(from[i]);
+  for (int64_t i = 0; i < from.numel(); ++i) {
+    if constexpr (is_half_v<To> && is_half_v<From>) out[i] = narrow<To>(widen(from[i]));
+    else if constexpr (is_half_v<To>) out[i] = narrow<To>(static_cast<double>(from[i]));
+    else if constexpr (is_half_v<From>) out[i] = static_cast<To>(widen(from[i]));
+    else out[i] = static_cast<To>(from[i]);
+  }
   return out;
 }
 

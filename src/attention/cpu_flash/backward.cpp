@@ -37,6 +37,8 @@
 // stored, and dOᵀ, Qᵀ are transposed once per head (O(L·d)) instead of every tile (O(L·S)).
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "blocks.h"
 #include "cpu_flash.h"
@@ -47,13 +49,14 @@ using namespace cpu_flash;
 
 namespace {
 
-// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld).
-void transpose(const float* src, size_t src_ld, size_t rows, size_t cols, float* dst, size_t ld) {
+// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld), widened to float.
+template <class T>
+void transpose(const T* src, size_t src_ld, size_t rows, size_t cols, float* dst, size_t ld) {
   constexpr size_t kBlock = 32;  // cache-sized squares
   for (size_t r0 = 0; r0 < rows; r0 += kBlock)
     for (size_t c0 = 0; c0 < cols; c0 += kBlock)
       for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
-        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = src[r * src_ld + c];
+        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = widen(src[r * src_ld + c]);
 }
 
 // At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
@@ -144,19 +147,20 @@ struct Scratch {
   // One block of query rows × the segment's keys, and the block's A operands: scale·Q for
   // S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
   Buffer<float> probs, dprobs, bias, factors, q_scaled, qt, dot, dq, delta, lse_hi, lse_lo, renorm;
+  Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
   Buffer<double> row_dot, row_mass, mass;
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
 
-  Scratch(const Plan& n, bool masked, bool dropout, bool softcapped)
+  Scratch(const Plan& n, bool masked, bool dropout, bool softcapped, bool half)
       : kt_packed(n.segment_padded * n.Dqk, uninitialized), vt_packed(n.segment_padded * n.Dv, uninitialized),
         k_packed(n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
         probs(n.Br * n.walk_stride), dprobs(n.Br * n.walk_stride), bias(masked ? n.Br * n.walk_stride : 0),
         factors(dropout ? n.Br * n.walk_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
         row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br), visible(n.Br),
-        cap_slope(softcapped ? n.Br * n.walk_stride : 0) {}
+        dout(half ? n.Br * n.Dv : 0), cap_slope(softcapped ? n.Br * n.walk_stride : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
@@ -168,10 +172,18 @@ struct Scratch {
   bool fully_masked(size_t r) const { return lse_hi[r] == std::numeric_limits<float>::infinity(); }  // split_logsumexp
 };
 
-// The backward of one call: the plan, what every thread shares, and the steps.
+// gradient (+)= value, stored as T (float, bfloat16, float16).
+template <class T>
+void add_to(T& gradient, float value) {
+  gradient = narrow<T>(widen(gradient) + value);
+}
+
+// The backward of one call: the plan, what every thread shares, and the steps. T: the operands'
+// and gradients' type (float, bfloat16, float16), computed in float.
+template <class T>
 class Backward {
  public:
-  Backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a)
+  Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
       : p_(p), additions_(additions), a_(a), n_(p),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
@@ -180,7 +192,7 @@ class Backward {
   void run() {
 #pragma omp parallel
     {
-      Scratch s(n_, additions_.present(), p_.dropout(), p_.softcapped());
+      Scratch s(n_, additions_.present(), p_.dropout(), p_.softcapped(), is_half_v<T>);
       for (int sweep = n_.two_sweeps && !n_.partial ? 0 : 1; sweep < 2; ++sweep) {
         const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
         for (int64_t seg = 0; seg < n_.segments; ++seg) {
@@ -204,7 +216,7 @@ class Backward {
     const int64_t kv = task / n_.chunks.count, chunk = task % n_.chunks.count;  // kv = b·Hkv + kv head
     const int64_t b = kv / n_.Hkv, s0 = segment_start(seg);
     const size_t seg_keys = segment_keys(seg);
-    const float* k_seg = a_.key.row(b, kv % n_.Hkv, s0);
+    const T* k_seg = a_.key.row(b, kv % n_.Hkv, s0);
     const size_t k_ld = to_size(a_.key.stride_row);
     pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
     pack_transposed(a_.value.row(b, kv % n_.Hkv, s0), to_size(a_.value.stride_row), seg_keys, n_.Dv,
@@ -231,10 +243,10 @@ class Backward {
     const int64_t s_end = std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end);
     if (s_end <= s_begin) return;
     const float scale = static_cast<float>(p_.scale);
-    const float* q_block = a_.query.row(b, h, i0);
+    const T* q_block = a_.query.row(b, h, i0);
     const size_t q_ld = to_size(a_.query.stride_row);
     for (size_t r = 0; r < rows; ++r)
-      for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * q_block[r * q_ld + e];
+      for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * widen(q_block[r * q_ld + e]);
     for (size_t r = 0; r < rows; ++r) split_logsumexp(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)), s.lse_hi[r], s.lse_lo[r]);
 
     // The sums that make D go to the whole-row totals in the first of two sweeps; otherwise to
@@ -258,8 +270,10 @@ class Backward {
   // (t0 = j0 − s_begin).
   void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               double* sum_dot, double* sum_mass) {
-    const float* dout_block = a_.grad_output.row(b, h, i0);
-    const size_t dout_ld = to_size(a_.grad_output.stride_row), W = n_.W, ws = n_.walk_stride;
+    const std::pair<const float*, size_t> dout = grad_output_rows(s, b, h, i0, rows);
+    const float* dout_block = dout.first;
+    const size_t dout_ld = dout.second;
+    const size_t W = n_.W, ws = n_.walk_stride;
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
@@ -284,6 +298,19 @@ class Backward {
     }
   }
 
+  // The block's dO rows as float, the A operand of dP = dO·Vᵀ: in place, or widened into s.dout.
+  std::pair<const float*, size_t> grad_output_rows(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) const {
+    const T* dout = a_.grad_output.row(b, h, i0);
+    const size_t ld = to_size(a_.grad_output.stride_row);
+    if constexpr (std::is_same_v<T, float>) {
+      return {dout, ld};
+    } else {
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t e = 0; e < n_.Dv; ++e) s.dout[r * n_.Dv + e] = widen(dout[r * ld + e]);
+      return {s.dout.data(), n_.Dv};
+    }
+  }
+
   // exp(sink − logsumexp) of row (b, h, i): the sink's probability, 0 without one.
   double sink_probability(int64_t b, int64_t h, int64_t i) const {
     const double sink = a_.sinks.of(b, h);
@@ -305,12 +332,12 @@ class Backward {
     // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
     // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
     if (n_.partial) {
-      const float* dout_block = a_.grad_output.row(b, h, i0);
+      const T* dout_block = a_.grad_output.row(b, h, i0);
       const size_t dout_ld = to_size(a_.grad_output.stride_row);
       for (size_t r = 0; r < rows; ++r) {
-        const float* o = a_.output.row(b, h, i0 + static_cast<int64_t>(r));
+        const T* o = a_.output.row(b, h, i0 + static_cast<int64_t>(r));
         double d = 0;
-        for (size_t e = 0; e < n_.Dv; ++e) d += static_cast<double>(dout_block[r * dout_ld + e]) * o[e];
+        for (size_t e = 0; e < n_.Dv; ++e) d += static_cast<double>(widen(dout_block[r * dout_ld + e])) * widen(o[e]);
         s.delta[r] = static_cast<float>(d);
       }
       return false;
@@ -364,8 +391,8 @@ class Backward {
     const float scale = static_cast<float>(p_.scale);
     for (size_t r = 0; r < rows; ++r) {
       if (s.fully_masked(r)) continue;
-      float* grad_q = a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
-      for (size_t d = 0; d < Dqk; ++d) grad_q[d] += scale * s.dq[r * n_.dqk_padded + d];
+      T* grad_q = a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
+      for (size_t d = 0; d < Dqk; ++d) add_to(grad_q[d], scale * s.dq[r * n_.dqk_padded + d]);
     }
   }
 
@@ -375,10 +402,10 @@ class Backward {
     const float scale = static_cast<float>(p_.scale);
     const int64_t s0 = segment_start(seg);
     for (size_t j = 0; j < segment_keys(seg); ++j) {
-      float* dk = a_.grad_key.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
-      float* dv = a_.grad_value.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
-      for (size_t d = 0; d < n_.Dqk; ++d) dk[d] += scale * sum[d * n_.key_stride + j];
-      for (size_t d = 0; d < n_.Dv; ++d) dv[d] += sum[(n_.Dqk + d) * n_.key_stride + j];
+      T* dk = a_.grad_key.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
+      T* dv = a_.grad_value.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
+      for (size_t d = 0; d < n_.Dqk; ++d) add_to(dk[d], scale * sum[d * n_.key_stride + j]);
+      for (size_t d = 0; d < n_.Dv; ++d) add_to(dv[d], sum[(n_.Dqk + d) * n_.key_stride + j]);
     }
   }
 
@@ -405,8 +432,8 @@ class Backward {
   }
 
   const Problem& p_;
-  const ScoreAdditions<float>& additions_;
-  const BackwardArgs<float>& a_;
+  const ScoreAdditions<T>& additions_;
+  const BackwardArgs<T>& a_;
   const Plan n_;
   // When a kv head is split into chunks, each chunk's dKᵀ, dVᵀ, summed afterwards in chunk order.
   Buffer<float> kvt_partial_;
@@ -416,13 +443,18 @@ class Backward {
 
 }  // namespace
 
-void cpu_flash_backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a) {
+template <class T>
+void cpu_flash_backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is read
   // only by a block of the rows' keys (D = dO·O); the gradients are added to (they start at 0, or
   // hold what a caller accumulates into).
   if (p.batch * p.query_heads * p.query_len == 0 || p.key_len == 0) return;
-  Backward(p, additions, a).run();
+  Backward<T>(p, additions, a).run();
 }
+
+template void cpu_flash_backward(const Problem&, const ScoreAdditions<float>&, const BackwardArgs<float>&);
+template void cpu_flash_backward(const Problem&, const ScoreAdditions<bfloat16>&, const BackwardArgs<bfloat16>&);
+template void cpu_flash_backward(const Problem&, const ScoreAdditions<float16>&, const BackwardArgs<float16>&);
 
 }  // namespace mha::attention::detail

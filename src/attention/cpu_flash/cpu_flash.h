@@ -21,10 +21,13 @@
 
 namespace mha::attention::detail {
 
-// Keys and values float, or bfloat16/float16 (Kv: a KV cache's), widened as they are packed.
-template <class Kv>
-void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a);
+// T (queries, outputs, masks, gradients): float, bfloat16 or float16, read and written in place
+// and computed in float. Keys and values: T, or bfloat16/float16 with float queries (Kv: a KV
+// cache's), widened as they are packed.
+template <class T, class Kv>
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a);
 
-void cpu_flash_backward(const Problem& p, const ScoreAdditions<float>& additions, const BackwardArgs<float>& a);
+template <class T>
+void cpu_flash_backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a);
 
 }  // namespace mha::attention::detail

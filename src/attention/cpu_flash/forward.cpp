@@ -69,8 +69,8 @@ struct Scratch {
 
 // Queries [i0, i0 + rows) of (b, h): the online softmax over the key blocks they see, then the
 // output and logsumexp rows, then (when asked) the weights.
-template <class Kv>
-void forward_query_block(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a,
+template <class T, class Kv>
+void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a,
                          const PackedKv& kv, Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) {
   const size_t Dqk = to_size(p.qk_head_dim), Dv = to_size(p.v_head_dim);
   const size_t W = panel_width(), Bc = kForwardKeys, dv_padded = s.dv_padded;
@@ -80,8 +80,8 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   std::fill(s.row_sum.data(), s.row_sum.data() + rows, sink == -std::numeric_limits<float>::infinity() ? 0.0 : 1.0);
   std::fill(s.out.data(), s.out.data() + rows * dv_padded, 0.0f);
   for (size_t r = 0; r < rows; ++r) {  // scale·Q, scaled once for every key block
-    const float* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
-    for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * q[e];
+    const T* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
+    for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * widen(q[e]);
   }
   for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
   // Under a narrow window each group of kBandRows rows multiplies only the columns it sees, in both
@@ -131,16 +131,16 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   // own term).
   for (size_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + static_cast<int64_t>(r);
-    float* o = a.output.row(b, h, i);
+    T* o = a.output.row(b, h, i);
     double& lse = *a.logsumexp.row(b, h, i);
     if (s.row_sum[r] == 0.0) {
       lse = -std::numeric_limits<double>::infinity();
-      std::fill(o, o + Dv, 0.0f);  // every output row is written here (attention.cpp relies on it)
+      std::fill(o, o + Dv, T{});  // every output row is written here (attention.cpp relies on it)
       continue;
     }
     lse = static_cast<double>(s.row_max[r]) + std::log(s.row_sum[r]);
     const float inv_sum = static_cast<float>(1.0 / s.row_sum[r]);
-    for (size_t c = 0; c < Dv; ++c) o[c] = s.out[r * dv_padded + c] * inv_sum;
+    for (size_t c = 0; c < Dv; ++c) o[c] = narrow<T>(s.out[r * dv_padded + c] * inv_sum);
   }
 
   // 3. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from
@@ -160,15 +160,17 @@ void forward_query_block(const Problem& p, const ScoreAdditions<float>& addition
   for_each_key_block([&](int64_t j0, size_t cols) {
     const ScoreTile t = score_tile(j0, cols);
     probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), nullptr, nullptr, nullptr);
-    for (size_t r = 0; r < rows; ++r)
-      std::copy_n(s.scores.data() + r * Bc, cols, a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0);
+    for (size_t r = 0; r < rows; ++r) {
+      T* weights = a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0;
+      for (size_t c = 0; c < cols; ++c) weights[c] = narrow<T>(s.scores[r * Bc + c]);
+    }
   });
 }
 
 }  // namespace
 
-template <class Kv>
-void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a) {
+template <class T, class Kv>
+void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L)  weights (B, Hq, L, S), rows at any strides
   const int64_t B = p.batch, Hq = p.query_heads, Hkv = p.kv_heads, L = p.query_len, S = p.key_len;
@@ -246,5 +248,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<float>& additions,
 template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float>&);
 template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, bfloat16>&);
 template void cpu_flash_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float16>&);
+template void cpu_flash_forward(const Problem&, const ScoreAdditions<bfloat16>&, const ForwardArgs<bfloat16, bfloat16>&);
+template void cpu_flash_forward(const Problem&, const ScoreAdditions<float16>&, const ForwardArgs<float16, float16>&);
 
 }  // namespace mha::attention::detail

@@ -99,15 +99,15 @@ struct Operand {
 
 // Task (b, kv head, chunk): the online softmax of the group's R rows over the chunk's keys that
 // sequence b's rows see, left as the task's partials.
-template <class Kv>
-void decode_chunk(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a,
+template <class T, class Kv>
+void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a,
                   const Plan& n, Partials& part, Scratch& s, int64_t task) {
   const int64_t bkv = task / n.chunks, b = bkv / n.Hkv, kv = bkv % n.Hkv;
   if (bkv != s.scaled_for) {  // scale·q for the group's rows (the scale folded in once)
     for (size_t r = 0; r < n.R; ++r) {
       const auto [h, i] = n.row(kv, r);
-      const float* q = a.query.row(b, h, i);
-      for (size_t e = 0; e < n.Dqk; ++e) s.q_scaled[r * n.dq + e] = static_cast<float>(p.scale) * q[e];
+      const T* q = a.query.row(b, h, i);
+      for (size_t e = 0; e < n.Dqk; ++e) s.q_scaled[r * n.dq + e] = static_cast<float>(p.scale) * widen(q[e]);
     }
     s.scaled_for = bkv;
   }
@@ -162,8 +162,8 @@ void decode_chunk(const Problem& p, const ScoreAdditions<float>& additions, cons
 // The merge of row x (of B·Hkv·R), chunks in order (see decode.h). A chunk whose keys the row
 // cannot see left l = 0 and adds nothing; a row that saw nothing at all gets output 0 and
 // logsumexp −inf (or the sink's logit); a NaN anywhere in a row's sums makes its row NaN.
-template <class Kv>
-void merge_chunks(const ForwardArgs<float, Kv>& a, const Plan& n, const Partials& part, Scratch& s, int64_t x) {
+template <class T, class Kv>
+void merge_chunks(const ForwardArgs<T, Kv>& a, const Plan& n, const Partials& part, Scratch& s, int64_t x) {
   const int64_t bkv = x / static_cast<int64_t>(n.R), b = bkv / n.Hkv, kv = bkv % n.Hkv;
   const size_t r = to_size(x % static_cast<int64_t>(n.R));
   const auto [h, i] = n.row(kv, r);
@@ -177,10 +177,10 @@ void merge_chunks(const ForwardArgs<float, Kv>& a, const Plan& n, const Partials
   double total = has_sink ? std::exp(sink - row_max) : 0.0;
   for (int64_t c = 0; c < n.chunks; ++c)
     if (part.sum[slot(c)] != 0.0) total += std::exp(static_cast<double>(part.max[slot(c)]) - row_max) * part.sum[slot(c)];
-  float* out = a.output.row(b, h, i);
+  T* out = a.output.row(b, h, i);
   double& lse = *a.logsumexp.row(b, h, i);
   if (total == 0.0) {
-    std::fill(out, out + n.Dv, 0.0f);
+    std::fill(out, out + n.Dv, T{});
     lse = -std::numeric_limits<double>::infinity();
     return;
   }
@@ -191,14 +191,14 @@ void merge_chunks(const ForwardArgs<float, Kv>& a, const Plan& n, const Partials
     const float* partial = part.out.data() + slot(c) * n.dv;
     for (size_t e = 0; e < n.Dv; ++e) s.merged[e] += weight * static_cast<double>(partial[e]);
   }
-  for (size_t e = 0; e < n.Dv; ++e) out[e] = static_cast<float>(s.merged[e]);
+  for (size_t e = 0; e < n.Dv; ++e) out[e] = narrow<T>(static_cast<float>(s.merged[e]));
   lse = static_cast<double>(row_max) + std::log(total);
 }
 
 }  // namespace
 
-template <class Kv>
-void decode_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a) {
+template <class T, class Kv>
+void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
   const Plan n(p);
@@ -216,5 +216,7 @@ void decode_forward(const Problem& p, const ScoreAdditions<float>& additions, co
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float>&);
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, bfloat16>&);
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float16>&);
+template void decode_forward(const Problem&, const ScoreAdditions<bfloat16>&, const ForwardArgs<bfloat16, bfloat16>&);
+template void decode_forward(const Problem&, const ScoreAdditions<float16>&, const ForwardArgs<float16, float16>&);
 
 }  // namespace mha::attention::detail

@@ -18,8 +18,9 @@
 
 namespace mha::attention::detail {
 
-// Kv: float, bfloat16 or float16 (mha/core/half.h).
-template <class Kv>
-void decode_forward(const Problem& p, const ScoreAdditions<float>& additions, const ForwardArgs<float, Kv>& a);
+// T (queries, outputs, masks): float, bfloat16 or float16; Kv: float, or T's own type
+// (mha/core/half.h). Computed in float.
+template <class T, class Kv>
+void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a);
 
 }  // namespace mha::attention::detail

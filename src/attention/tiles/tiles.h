@@ -78,8 +78,9 @@ struct TileScratch {
 // cpu_flash's rows are consecutive queries of one head; decode's run through a GQA group's heads.
 // `visible`, when given, holds each row's Problem::visible_keys, worked out once for a block of rows
 // that walks several tiles (cpu_flash), rather than once a tile.
-template <class RowOf>
-ScoreTile make_tile(const Problem& p, const ScoreAdditions<float>& additions, const TileScratch& scratch,
+// The masks may be float, bfloat16 or float16 (M: the call's type), added in float.
+template <class M, class RowOf>
+ScoreTile make_tile(const Problem& p, const ScoreAdditions<M>& additions, const TileScratch& scratch,
                     float* scores, size_t stride, int64_t b, size_t rows, int64_t j0, size_t cols, RowOf row_of,
                     const KeyRange* visible_rows = nullptr) {
   ScoreTile t{scores, stride, rows, cols};

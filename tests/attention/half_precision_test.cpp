@@ -1,0 +1,177 @@
+// Attention on bfloat16 and float16 operands: queries, keys, values, masks, sinks, ALiBi slopes,
+// outputs, weights and every gradient in the half type, read and written in place, computed in
+// float (scores, softmax, logsumexp, accumulators).
+//   - every backend and every variant of the sweeps, forward and backward: the half call equals
+//     the float call on the same (rounded) values with its results rounded once to the half type,
+//     bit for bit (the reference runs on float copies; cpu_flash and decode widen where they pack
+//     or read): a half call adds exactly one rounding, of each result;
+//   - grad_sinks, summed in double, is rounded once from it (the float call rounds it to float
+//     first): within one unit of the half type's last place;
+//   - the same on every SIMD target, and bitwise the same for 1 and 2 threads;
+//   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
+// The accuracy bar against PyTorch's own bfloat16/float16 SDPA is in python/tests (test_half_precision.py).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "../support/assertions.h"
+#include "../support/attention_cases.h"
+#include "mha/attention/attention.h"
+#include "mha/core/simd.h"
+
+namespace mha::attention {
+namespace {
+
+using namespace test_cases;
+
+// x stored as H (rounded) and widened again: the values a half call's operand holds.
+template <class H>
+Tensor<float> rounded(const Tensor<float>& x) {
+  Tensor<float> out(x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) out[i] = widen(narrow<H>(x[i]));
+  return out;
+}
+
+template <class To, class From>
+Tensor<To> converted(const Tensor<From>& x) {
+  Tensor<To> out(x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) out[i] = narrow<To>(widen(x[i]));
+  return out;
+}
+
+template <class H>
+void round_inputs(Inputs& in) {
+  for (Tensor<float>* t : {&in.q, &in.k, &in.v, &in.dout}) *t = rounded<H>(*t);
+  for (std::optional<Tensor<float>>* t : {&in.additive, &in.sinks, &in.alibi_slopes})
+    if (*t) **t = rounded<H>(**t);
+}
+
+template <class H>
+void expect_rounded_of(const Tensor<H>& half, const Tensor<float>& f, const char* what) {
+  EXPECT_TRUE(bitwise_equal(half, converted<H>(f))) << what << ": not the float call's result rounded once";
+}
+
+// The case in H on `backend` against the float call on the same values, forward and backward.
+template <class H>
+void check_half(const Case& c, uint64_t seed, Backend backend) {
+  SCOPED_TRACE(std::string(storage_name<H>()) + " " + name_of(backend) + ":" + c.describe());
+  Inputs in = make_inputs(c, seed);
+  round_inputs<H>(in);
+  const Results<float> f = run<float>(c, in, backend);
+  const Results<H> h = run<H>(c, in, backend);
+  expect_rounded_of(h.fwd.output, f.fwd.output, "output");
+  EXPECT_TRUE(bitwise_equal(h.fwd.logsumexp, f.fwd.logsumexp)) << "logsumexp";
+  if (c.need_weights) expect_rounded_of(*h.fwd.weights, *f.fwd.weights, "weights");
+  expect_rounded_of(h.grads.grad_query, f.grads.grad_query, "grad_query");
+  expect_rounded_of(h.grads.grad_key, f.grads.grad_key, "grad_key");
+  expect_rounded_of(h.grads.grad_value, f.grads.grad_value, "grad_value");
+  if (c.sinks) {
+    // grad_sinks reads the output (D = dO·O), which the half call holds rounded: the float call's
+    // backward given that output, its double sum rounded to float then H, against ours, rounded
+    // once from the double sum: within one unit in H's last place.
+    Held<float> held;
+    const Gradients<float> given = sdpa_backward(in.q, in.k, in.v, mha::cast<float>(h.fwd.output), h.fwd.logsumexp,
+                                                 in.dout, options_of<float>(c, in, backend, held));
+    const Tensor<float> ours = mha::cast<float>(*h.grads.grad_sinks), theirs = rounded<H>(*given.grad_sinks);
+    for (int64_t i = 0; i < ours.numel(); ++i) {
+      const float ulp = std::max(std::abs(theirs[i]) * (std::is_same_v<H, bfloat16> ? 0x1p-7f : 0x1p-10f), 0x1p-24f);
+      EXPECT_LE(std::abs(ours[i] - theirs[i]), ulp) << "grad_sinks[" << i << "]";
+    }
+  }
+}
+
+template <class H>
+void sweep(Backend backend, int cases, uint64_t seed) {
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {16, 513}};
+  for (int n = 0; n < cases; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 5][0], lengths[n % 5][1], n % 3 == 0 ? 64 : 19, n % 2 ? 24 : 64);
+    vary_options(c, n, heads, 3);
+    if (backend == Backend::decode && c.q_len > 16) c.q_len = 16;
+    c.need_weights = backend != Backend::decode && n % 6 == 1;
+    check_half<H>(c, seed + static_cast<uint64_t>(n), backend);
+  }
+}
+
+TEST(HalfPrecision, CpuFlashIsTheFloatCallRoundedOnce) {
+  sweep<bfloat16>(Backend::cpu_flash, 26, 100);
+  sweep<float16>(Backend::cpu_flash, 26, 200);
+}
+
+TEST(HalfPrecision, DecodeIsTheFloatCallRoundedOnce) {
+  sweep<bfloat16>(Backend::decode, 26, 300);
+  sweep<float16>(Backend::decode, 26, 400);
+}
+
+TEST(HalfPrecision, ReferenceIsTheFloatCallRoundedOnce) {
+  sweep<bfloat16>(Backend::reference, 13, 500);
+  sweep<float16>(Backend::reference, 13, 600);
+}
+
+TEST(HalfPrecision, AutomaticIsTheFloatCallRoundedOnce) {
+  sweep<bfloat16>(Backend::automatic, 10, 700);  // decode for short rows, its backward on cpu_flash
+}
+
+TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
+  Case c = sized(2, 4, 2, 100, 300, 64, 64);
+  c.mask = MaskKind::both;
+  c.scoring.causal = Causal::bottom_right;
+  c.scoring.softcap = 30;
+  c.sinks = true;
+  for (const std::string& target : simd_targets()) {
+    SCOPED_TRACE("target " + target);
+    const ScopedSimdTarget pin(target);
+    check_half<bfloat16>(c, 801, Backend::cpu_flash);
+    check_half<float16>(c, 802, Backend::decode);
+  }
+  Inputs in = make_inputs(c, 803);
+  round_inputs<bfloat16>(in);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
+  omp_set_num_threads(2);
+  const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
+  omp_set_num_threads(threads);
+  expect_bitwise(one, two);
+}
+
+// (B, L, H, D) memory viewed as (B, H, L, D), written in place; gradients added to what they hold.
+TEST(HalfPrecision, StridedViewsAndAccumulation) {
+  const int64_t B = 2, L = 37, S = 37, H = 4, D = 32;
+  Generator gen(9);
+  auto blhd = [&](int64_t n) { return converted<bfloat16>(random_tensor({B, n, H, D}, gen)); };
+  auto bhld = [](Tensor<bfloat16>& t) {  // (B, n, H, D) as (B, H, n, D)
+    const int64_t n = t.size(1);
+    return View<bfloat16>(t.data(), {t.size(0), t.size(2), n, t.size(3)}, {n * t.size(2) * t.size(3), t.size(3), t.size(2) * t.size(3), 1});
+  };
+  Tensor<bfloat16> q = blhd(L), k = blhd(S), v = blhd(S), dout = blhd(L), out({B, L, H, D});
+  Tensor<double> lse({B, H, L});
+  Options<bfloat16> opt;
+  opt.causal = Causal::top_left;
+  sdpa_forward_into<bfloat16>(bhld(q), bhld(k), bhld(v), {bhld(out), lse, {}}, opt);
+  const ForwardResult<bfloat16> whole = sdpa_forward(copy_of(View<const bfloat16>(bhld(q))),
+                                                     copy_of(View<const bfloat16>(bhld(k))),
+                                                     copy_of(View<const bfloat16>(bhld(v))), opt);
+  EXPECT_TRUE(bitwise_equal(copy_of(View<const bfloat16>(bhld(out))), whole.output));
+  // Gradients into views that hold 1 already: 1 + g, rounded once.
+  Tensor<bfloat16> dq(q.shape(), narrow<bfloat16>(1.0f)), dk(k.shape(), narrow<bfloat16>(1.0f)),
+      dv(v.shape(), narrow<bfloat16>(1.0f));
+  sdpa_backward_into<bfloat16>(bhld(q), bhld(k), bhld(v), bhld(out), lse, bhld(dout),
+                               {bhld(dq), bhld(dk), bhld(dv), /*accumulate=*/true}, opt);
+  const Gradients<bfloat16> g =
+      sdpa_backward(copy_of(View<const bfloat16>(bhld(q))), copy_of(View<const bfloat16>(bhld(k))),
+                    copy_of(View<const bfloat16>(bhld(v))), whole.output, whole.logsumexp,
+                    copy_of(View<const bfloat16>(bhld(dout))), opt);
+  // The backend adds the float gradient to each element: 1 + (float g), where g alone is
+  // rounded: compare within one bfloat16 unit of 1 + g.
+  const Tensor<bfloat16> got = copy_of(View<const bfloat16>(bhld(dq)));
+  for (int64_t i = 0; i < got.numel(); ++i)
+    EXPECT_NEAR(widen(got[i]), 1.0f + widen(g.grad_query[i]), 0x1p-7f * (1.0f + std::abs(widen(g.grad_query[i]))))
+        << "grad_query[" << i << "]";
+}
+
+}  // namespace
+}  // namespace mha::attention
