@@ -3,7 +3,7 @@
 # environment in .venv/ (Debian's python3 refuses pip installs outside one, PEP 668) that also
 # sees the packages already installed for python3 (--system-site-packages: an existing torch
 # is not downloaded again), then pip-installs what does not import yet: nanobind and
-# scikit-build-core to build the package, numpy, pytest, torch (the CPU wheel from PyPI) and
+# scikit-build-core to build the package, numpy, ml_dtypes (numpy's bfloat16), pytest, torch (the CPU wheel from PyPI) and
 # expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run).
 # With --bench also the peers `make bench` measures mha against: ONNX Runtime, and
 # sentence-transformers / transformers (+ onnxscript for torch.onnx.export) for the sentence
@@ -24,6 +24,7 @@ declare -A requirement=(
   [nanobind]="nanobind>=2"
   [scikit_build_core]="scikit-build-core>=0.10"
   [numpy]="numpy"
+  [ml_dtypes]="ml_dtypes"
   [pytest]="pytest"
   [torch]="torch>=2.4"
   [expecttest]="expecttest"

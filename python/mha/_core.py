@@ -25,6 +25,7 @@ import math
 import numbers
 import os
 
+import ml_dtypes
 import numpy as np
 
 from . import _mha
@@ -40,7 +41,23 @@ class ArgumentTypeError(TypeError, RuntimeError):
 
 
 CAUSAL = ("none", "top_left", "bottom_right")
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+_DTYPE_NAMES = "float32, float64, float16 or bfloat16 (ml_dtypes.bfloat16)"
+# The binding's functions per dtype: float32 and float64 share overloaded names; float16 and
+# bfloat16 arrays go as their bits (uint16, see _bits) to functions named after their type.
+_SUFFIX = {DTYPES[0]: "", DTYPES[1]: "", DTYPES[2]: "_float16", BFLOAT16: "_bfloat16"}
+_HALF = (DTYPES[2], BFLOAT16)
+
+
+def _function(name, dtype):
+    return getattr(_mha, name + _SUFFIX[dtype])
+
+
+def _bits(x):
+    """A float16 or bfloat16 array as its uint16 bits (the same memory), what the binding takes;
+    other arrays (and None) as they are."""
+    return x.view(np.uint16) if x is not None and x.dtype in _HALF else x
 
 
 def _default_num_threads():
@@ -218,7 +235,7 @@ def _array(name, x):
 def check_inputs(query, key, value):
     query, key, value = (_array(n, x) for n, x in (("query", query), ("key", key), ("value", value)))
     if query.dtype not in DTYPES:
-        raise ArgumentTypeError(f"query: expected dtype float32 or float64, got {query.dtype}")
+        raise ArgumentTypeError(f"query: expected dtype {_DTYPE_NAMES}, got {query.dtype}")
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise ArgumentTypeError(f"key, value: expected the dtype of query ({query.dtype}), "
                                 f"got key {key.dtype} and value {value.dtype}")
@@ -308,7 +325,7 @@ class Variants:
         if x is None:
             return None
         x = _array(name, x)
-        if not np.issubdtype(x.dtype, np.floating):
+        if not (np.issubdtype(x.dtype, np.floating) or x.dtype == BFLOAT16):
             raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
         return np.ascontiguousarray(x, dtype=dtype)
 
@@ -323,6 +340,9 @@ class Variants:
 
     def arguments(self):
         return self.sinks, self.alibi_slopes, self.cu_seqlens_q, self.cu_seqlens_k
+
+    def bits(self):
+        return _bits(self.sinks), _bits(self.alibi_slopes), self.cu_seqlens_q, self.cu_seqlens_k
 
 
 def _call(fn, *arguments):
@@ -347,9 +367,10 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
-    _call(_mha.sdpa_forward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
-          _to_flat(layout, "value", value), output.reshape(B, H, L, layout.value_dim),
-          logsumexp.reshape(B, H, L), attend, additive, scoring, num_threads, *variants.arguments())
+    _call(_function("sdpa_forward", query.dtype), _bits(_to_flat(layout, "query", query)),
+          _bits(_to_flat(layout, "key", key)), _bits(_to_flat(layout, "value", value)),
+          _bits(output.reshape(B, H, L, layout.value_dim)), logsumexp.reshape(B, H, L), attend, _bits(additive),
+          scoring, num_threads, *variants.bits())
     return output, logsumexp
 
 
@@ -384,12 +405,12 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
     grad_sinks = None if variants.sinks is None else np.empty(variants.sinks.shape, query.dtype)
-    _call(_mha.sdpa_backward, _to_flat(layout, "query", query), _to_flat(layout, "key", key),
-          _to_flat(layout, "value", value), viewable(output).reshape(B, H, L, layout.value_dim),
-          viewable(logsumexp).reshape(B, H, L),
-          viewable(grad_output).reshape(B, H, L, layout.value_dim),
-          grads["query"], grads["key"], grads["value"],
-          attend, additive, scoring, num_threads, *variants.arguments(), grad_sinks)
+    _call(_function("sdpa_backward", query.dtype), _bits(_to_flat(layout, "query", query)),
+          _bits(_to_flat(layout, "key", key)), _bits(_to_flat(layout, "value", value)),
+          _bits(viewable(output).reshape(B, H, L, layout.value_dim)), viewable(logsumexp).reshape(B, H, L),
+          _bits(viewable(grad_output).reshape(B, H, L, layout.value_dim)),
+          _bits(grads["query"]), _bits(grads["key"]), _bits(grads["value"]),
+          attend, _bits(additive), scoring, num_threads, *variants.bits(), _bits(grad_sinks))
     grads = tuple(_fold_gradient(layout, name, grads[name], x.shape)
                   for name, x in (("query", query), ("key", key), ("value", value)))
     return grads if grad_sinks is None else grads + (grad_sinks,)
@@ -401,7 +422,7 @@ def merge_attention_states(outputs, logsumexps):
     the outputs' dtype, logsumexp float64); a row no set sees stays 0 with -inf."""
     first = _array("output_a", outputs[0])
     if first.dtype not in DTYPES:
-        raise ArgumentTypeError(f"output_a: expected dtype float32 or float64, got {first.dtype}")
+        raise ArgumentTypeError(f"output_a: expected dtype {_DTYPE_NAMES}, got {first.dtype}")
     shape = first.shape
     if len(shape) < 1:
         raise ArgumentError(f"output_a: expected at least 1 dimension (..., head_dim), got shape {_shape(shape)}")
@@ -416,6 +437,7 @@ def merge_attention_states(outputs, logsumexps):
             raise ArgumentError(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
                                 f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
                                 f"{lse.dtype}")
-        _call(_mha.merge_partial, merged, merged_lse, np.ascontiguousarray(out).reshape(1, 1, rows, shape[-1]),
+        _call(_function("merge_partial", first.dtype), merged, merged_lse,
+              _bits(np.ascontiguousarray(out).reshape(1, 1, rows, shape[-1])),
               np.ascontiguousarray(lse, dtype=np.float64).reshape(1, 1, rows))
     return merged.reshape(shape).astype(first.dtype), merged_lse.reshape(shape[:-1])

@@ -15,8 +15,10 @@ keeps them in one graph. They run mha's C++ kernels on the tensors' own memory: 
 viewed as a numpy array (Tensor.numpy(), no copy) and goes through the same code as the numpy
 API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
 
-Inputs mha does not take (another device, float16/bfloat16, nested or sparse tensors, a float
-mask that needs a gradient) go to PyTorch's own scaled_dot_product_attention or
+Attention takes float32, float64, float16 and bfloat16 tensors (bfloat16 read in place as
+ml_dtypes.bfloat16 arrays); nn.MultiheadAttention float32 and float64. Inputs mha does not take
+(another device, nested or sparse tensors, a float mask that needs a gradient, a half-precision
+nn.MultiheadAttention) go to PyTorch's own scaled_dot_product_attention or
 nn.MultiheadAttention.forward, with a warning the first time for each reason.
 """
 
@@ -24,6 +26,7 @@ import contextlib
 import warnings
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
@@ -39,8 +42,17 @@ _TorchMultiheadAttention = torch.nn.MultiheadAttention
 
 
 def _numpy(t):
-    # detach(): numpy() refuses a tensor that requires grad; the array shares the memory.
-    return None if t is None else t.detach().numpy()
+    # detach(): numpy() refuses a tensor that requires grad; the array shares the memory. numpy
+    # has no bfloat16 of its own: a bfloat16 tensor's bits become an ml_dtypes.bfloat16 array.
+    if t is None:
+        return None
+    t = t.detach()
+    return t.view(torch.uint16).numpy().view(_core.BFLOAT16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _tensor(x):
+    # The inverse of _numpy: the array's memory as a tensor, no copy.
+    return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16) if x.dtype == _core.BFLOAT16 else torch.from_numpy(x)
 
 
 def _seed(dropout_seed):
@@ -61,7 +73,7 @@ def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional
                                       causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
                                       (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
                                       _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
-    return torch.from_numpy(output), torch.from_numpy(logsumexp)
+    return _tensor(output), torch.from_numpy(logsumexp)
 
 
 sdpa_forward = torch.library.custom_op("mha::sdpa_forward", _sdpa_forward, mutates_args=(), device_types="cpu")
@@ -87,7 +99,7 @@ def sdpa_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor
                            _numpy(logsumexp), _numpy(attn_mask), dropout_p, causal, scale, enable_gqa,
                            _seed(dropout_seed), torch.get_num_threads(), (window_left, window_right), softcap,
                            _numpy(sinks), _numpy(alibi_slopes), _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
-    grads = tuple(torch.from_numpy(g) for g in grads)
+    grads = tuple(_tensor(g) for g in grads)
     return grads if sinks is not None else grads + (query.new_empty(0),)
 
 
@@ -152,8 +164,8 @@ def _unsupported(query, key, value, attn_mask):
     reason = _unsupported_tensors((query, key, value, attn_mask))
     if reason is not None:
         return reason
-    if query.dtype not in (torch.float32, torch.float64):
-        return f"dtype {query.dtype} (mha computes in float32 and float64)"
+    if query.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        return f"dtype {query.dtype} (mha takes float32, float64, float16 and bfloat16)"
     if attn_mask is not None and attn_mask.requires_grad:
         return "a float attn_mask that requires grad (mha computes no gradient for the mask)"
     return None
@@ -211,7 +223,7 @@ def _check_variants_run(reason, softcap, sinks, alibi_slopes):
     given = [name for name, x in (("softcap", softcap), ("sinks", sinks), ("alibi_slopes", alibi_slopes))
              if x is not None and not (name == "softcap" and x == 0)]
     if given and reason is not None:
-        raise _core.ArgumentError(f"{', '.join(given)}: mha runs these only on float32/float64 CPU tensors, and "
+        raise _core.ArgumentError(f"{', '.join(given)}: mha runs these only on floating-point CPU tensors, and "
                                   f"PyTorch's attention, which takes the rest, has no such argument; got {reason}")
 
 
@@ -274,7 +286,7 @@ def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs):
             raise _core.ArgumentTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     reason = _unsupported(q, k, v, None)
     if reason is not None:
-        raise _core.ArgumentError(f"q, k, v: mha runs float32/float64 CPU tensors, got {reason}")
+        raise _core.ArgumentError(f"q, k, v: mha runs floating-point CPU tensors, got {reason}")
     for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
         if not isinstance(flag, bool):
             raise _core.ArgumentTypeError(f"{name}: expected a bool, got {type(flag).__name__}")
@@ -346,7 +358,7 @@ def merge_attention_states(output_a, lse_a, output_b, lse_b):
             raise _core.ArgumentTypeError(f"{name}: expected a CPU torch.Tensor, got "
                                           f"{type(x).__name__ if not isinstance(x, Tensor) else x.device}")
     output, lse = _core.merge_attention_states((_numpy(output_a), _numpy(output_b)), (_numpy(lse_a), _numpy(lse_b)))
-    return torch.from_numpy(output), torch.from_numpy(lse).to(lse_a.dtype)
+    return _tensor(output), torch.from_numpy(lse).to(lse_a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

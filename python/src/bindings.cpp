@@ -37,10 +37,25 @@ namespace {
 using mha::attention::Causal;
 using mha::attention::Scoring;
 
+// bfloat16 and float16 arrays arrive as their bits, uint16 (numpy has no bfloat16, and neither
+// numpy's buffer protocol nor its DLPack export takes ml_dtypes' bfloat16): the functions of those
+// types carry the type in their name (sdpa_forward_bfloat16), and view() reads the bits as it.
 template <class T>
-using In = nb::ndarray<const T, nb::device::cpu>;
+struct Stored {
+  using type = T;
+};
+template <>
+struct Stored<mha::bfloat16> {
+  using type = uint16_t;
+};
+template <>
+struct Stored<mha::float16> {
+  using type = uint16_t;
+};
 template <class T>
-using Out = nb::ndarray<T, nb::device::cpu>;
+using In = nb::ndarray<const typename Stored<T>::type, nb::device::cpu>;
+template <class T>
+using Out = nb::ndarray<typename Stored<T>::type, nb::device::cpu>;
 
 template <class T, class Array>
 mha::View<T> view(const Array& a) {
@@ -49,7 +64,8 @@ mha::View<T> view(const Array& a) {
     shape[i] = static_cast<int64_t>(a.shape(i));
     strides[i] = a.stride(i);
   }
-  return mha::View<T>(a.data(), std::move(shape), std::move(strides));
+  static_assert(sizeof(*a.data()) == sizeof(T));
+  return mha::View<T>(reinterpret_cast<T*>(a.data()), std::move(shape), std::move(strides));
 }
 
 // The kernels' OpenMP team size for one call. omp_set_num_threads sets the calling thread's
@@ -165,12 +181,13 @@ std::optional<mha::nn::Mask<T>> module_mask(const std::optional<MaskArray<T>>& m
   return mha::nn::Mask<T>(tensor_copy<T>(std::get<1>(*m)));
 }
 
+// (The module's arrays are float32 or float64: their element type is T itself.)
 template <class T>
-mha::View<const T> optional_view(const std::optional<In<T>>& a) {
+mha::View<const T> optional_view(const std::optional<nb::ndarray<const T, nb::device::cpu>>& a) {
   return a ? view<const T>(*a) : mha::View<const T>();
 }
 template <class T>
-mha::View<T> optional_out(const std::optional<Out<T>>& a) {
+mha::View<T> optional_out(const std::optional<nb::ndarray<T, nb::device::cpu>>& a) {
   return a ? view<T>(*a) : mha::View<T>();
 }
 
@@ -310,27 +327,34 @@ nb::tuple multihead_attention_backward(
                         to_numpy(std::move(out.grad_value)));
 }
 
-// One overload per element type; nanobind picks the one whose dtypes match (noconvert).
+// The attention calls of one element type: float32 and float64 as overloads of one name (nanobind
+// picks the one whose dtypes match, noconvert), bfloat16 and float16 under their own names
+// (`suffix`: their arrays are all uint16).
 template <class T>
-void define(nb::module_& m) {
-  m.def("sdpa_forward", &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
+void define_attention(nb::module_& m, const std::string& suffix) {
+  m.def(("sdpa_forward" + suffix).c_str(), &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "attend_mask"_a.noconvert().none(),
         "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, "sinks"_a.noconvert().none() = nb::none(),
         "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(), "cu_seqlens_k"_a.noconvert().none() = nb::none(),
         nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L).");
-  m.def("sdpa_backward", &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
+  m.def(("sdpa_backward" + suffix).c_str(), &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
         "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),
         "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a,
         "sinks"_a.noconvert().none() = nb::none(), "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(),
         "cu_seqlens_k"_a.noconvert().none() = nb::none(), "grad_sinks"_a.noconvert().none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
         "Scaled dot-product attention backward into `grad_query`, `grad_key`, `grad_value` (and `grad_sinks`).");
-  // Not call_guard'ed: they release the GIL themselves, around the computation only (their
-  // results become numpy arrays, which needs the GIL).
-  m.def("merge_partial", &merge_partial<T>, "output"_a.noconvert(), "logsumexp"_a.noconvert(),
+  m.def(("merge_partial" + suffix).c_str(), &merge_partial<T>, "output"_a.noconvert(), "logsumexp"_a.noconvert(),
         "block_output"_a.noconvert(), "block_logsumexp"_a.noconvert(), nb::call_guard<nb::gil_scoped_release>(),
         "Log-sum-exp merge of a block's attention (B, H, L, Dv), (B, H, L) into the float64 accumulators.");
+}
+
+// nn.MultiheadAttention's calls (float32 and float64).
+template <class T>
+void define_module(nb::module_& m) {
+  // Not call_guard'ed: they release the GIL themselves, around the computation only (their
+  // results become numpy arrays, which needs the GIL).
   m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(),
         "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(),
         "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(),
@@ -382,8 +406,12 @@ NB_MODULE(_mha, m) {
       .value("bottom_right", Causal::bottom_right);
   bind_settings<mha::attention::WholeCall>(m, "WholeCall");
   bind_settings<Scoring>(m, "Scoring");
-  define<float>(m);
-  define<double>(m);
+  define_attention<float>(m, "");
+  define_attention<double>(m, "");
+  define_attention<mha::bfloat16>(m, "_bfloat16");
+  define_attention<mha::float16>(m, "_float16");
+  define_module<float>(m);
+  define_module<double>(m);
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.
   nb::class_<mha::models::SentenceEncoder>(m, "SentenceEncoder")
       .def(nb::init<const std::string&>(), "directory"_a, nb::call_guard<nb::gil_scoped_release>())

@@ -282,9 +282,8 @@ FORWARD_ERRORS = {
     # name: (arguments, exception, part of the message)
     "rank_1": (dict(query=Q[0, 0, 0], key=K[0, 0, 0], value=V[0, 0, 0]), mha.ArgumentError, "query: expected at least 2"),
     "integer_dtype": (dict(query=Q.astype(np.int64), key=K.astype(np.int64), value=V.astype(np.int64)),
-                      mha.ArgumentTypeError, "query: expected dtype float32 or float64, got int64"),
-    "float16": (dict(query=Q.astype(np.float16), key=K.astype(np.float16), value=V.astype(np.float16)),
-                mha.ArgumentTypeError, "got float16"),
+                      mha.ArgumentTypeError, "query: expected dtype float32, float64, float16 or bfloat16 "
+                      "(ml_dtypes.bfloat16), got int64"),
     "mixed_dtypes": (dict(key=K.astype(np.float32)), mha.ArgumentTypeError, "key, value: expected the dtype of query"),
     "not_an_array": (dict(query=object()), mha.ArgumentTypeError, "query: expected dtype"),
     "head_size": (dict(key=K[..., :6]), mha.ArgumentError, "key: expected head size 8"),

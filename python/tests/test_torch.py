@@ -217,10 +217,10 @@ def fresh_warnings(monkeypatch):
 
 
 # Inside patch(), F.scaled_dot_product_attention is mha's, and CausalBias's __torch_function__,
-# which recognises PyTorch's by identity, no longer applies: mha honours the bias in its own path
-# (float32, float64) and in the fallback to PyTorch (float16, bfloat16). Forward and gradients
-# against PyTorch's unpatched SDPA with the same bias; L > S only upper-left (lower-right rows
-# then see no key: NaN in PyTorch, zero in mha).
+# which recognises PyTorch's by identity, no longer applies: mha honours the bias itself. Forward
+# and gradients against PyTorch's unpatched SDPA with the same bias (float32: within rounding;
+# float16, bfloat16: against the float64 result, at most 2x the error of PyTorch's own in that
+# type); L > S only upper-left (lower-right rows then see no key: NaN in PyTorch, zero in mha).
 @pytest.mark.parametrize("bias, L, S", [(causal_upper_left, 3, 7), (causal_upper_left, 7, 3),
                                         (causal_lower_right, 3, 7), (causal_lower_right, 5, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -228,20 +228,23 @@ def test_causal_bias_inside_patch(bias, L, S, dtype, fresh_warnings):
     q, k, v = (make(2, 3, n, 8, seed=i).to(dtype) for i, n in enumerate((L, S, S)))
     dout = make(2, 3, L, 8, seed=9).to(dtype)
     expected = forward_and_grads(F.scaled_dot_product_attention, (q, k, v), dout, attn_mask=bias(L, S))
+    exact = forward_and_grads(F.scaled_dot_product_attention, (q.double(), k.double(), v.double()), dout.double(),
+                              attn_mask=bias(L, S))
     with warnings.catch_warnings(), mha.torch.patch():
-        warnings.filterwarnings("ignore", "mha.torch.scaled_dot_product_attention: dtype")
+        warnings.simplefilter("error")  # mha's path, no fallback
         got = forward_and_grads(F.scaled_dot_product_attention, (q, k, v), dout, attn_mask=bias(L, S))
-    for name, a, e in zip(("output", "grad_query", "grad_key", "grad_value"), got, expected):
+    for name, a, e, x in zip(("output", "grad_query", "grad_key", "grad_value"), got, expected, exact):
         assert a.dtype == dtype and a.shape == e.shape, name
-        if dtype == torch.float32:  # mha's path: within rounding of PyTorch's
+        if dtype == torch.float32:  # within rounding of PyTorch's
             torch.testing.assert_close(a, e, rtol=0, atol=1e-5 * max(1.0, e.abs().max().item()), msg=name)
-        else:  # PyTorch's own SDPA on the same inputs and mask
-            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=name)
+        else:
+            mine, theirs = (a.double() - x).abs().max().item(), (e.double() - x).abs().max().item()
+            assert mine <= 2 * theirs, f"{name}: mha's error {mine:.3g} > 2x PyTorch's {theirs:.3g}"
 
 
-@pytest.mark.parametrize("kind", ["float16", "bfloat16", "meta", "float_mask_requires_grad"])
+@pytest.mark.parametrize("kind", ["meta", "float_mask_requires_grad"])
 def test_falls_back_to_pytorch_with_one_warning(kind, fresh_warnings):
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(kind, torch.float64)
+    dtype = torch.float64
     device = "meta" if kind == "meta" else "cpu"
     q, k, v = (make(1, 2, 4, 8, seed=i).to(device=device, dtype=dtype) for i in range(3))
     mask = make(4, 4, seed=3).requires_grad_() if kind == "float_mask_requires_grad" else None

@@ -80,13 +80,16 @@ def test_torch_autograd_and_compile_take_the_window():
 
 
 def test_pytorchs_fallback_gets_the_window_as_a_mask():
-    # bfloat16 goes to PyTorch's SDPA (mha computes in float32/float64): the window as a bool mask.
-    (B, Hq, Hkv, L, S, D), is_causal, window = CASES["left_causal"]
-    q, k, v = tensors(B, Hq, Hkv, L, S, D, torch.bfloat16)
+    # A float mask that requires grad goes to PyTorch's SDPA (mha computes no mask gradient): the
+    # window joins it as -inf where it hides a key.
+    (B, Hq, Hkv, L, S, D), is_causal, window = CASES["two_sided"]
+    q, k, v = tensors(B, Hq, Hkv, L, S, D)
+    mask = torch.randn(L, S, dtype=torch.float64, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "using PyTorch's scaled_dot_product_attention", once per process
-        got = mha.torch.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True, window_size=window)
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(L, S, is_causal, *window),
+        got = mha.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, window_size=window)
+    hidden = ~window_mask(L, S, is_causal, *window)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.masked_fill(hidden, float("-inf")),
                                                             enable_gqa=True)
     assert torch.equal(got, want)
 

@@ -1,0 +1,194 @@
+"""Attention on bfloat16 and float16 through the Python doors: mha.torch's SDPA (autograd,
+torch.compile, FlashAttention-2's functions, merge_attention_states) and the numpy API (np.float16
+and ml_dtypes.bfloat16 arrays).
+
+The accuracy bar is PyTorch's own: on the same bfloat16/float16 inputs, mha's error against the
+float64 result is at most 2x that of PyTorch's result in that type, for the output and every
+gradient. PyTorch's result is its SDPA where SDPA has the feature (masks, causality, GQA, a window
+as a bool mask) and, for the variants SDPA lacks (soft-cap, sinks, ALiBi), the eager attention of
+test_variants.reference run in the half type, as transformers' eager path runs those models. The
+float64 result is the same computation on the half values widened. (The kernels' exactness, a half
+call being the float call rounded once, is tests/attention/half_precision_test.cpp's.)"""
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from test_variants import reference
+
+import mha
+import mha.torch
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _inputs(dtype, B=2, Hq=8, Hkv=2, L=160, S=160, D=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(dtype) for shape in
+            ((B, Hq, L, D), (B, Hkv, S, D), (B, Hkv, S, D), (B, Hq, L, D))]
+
+
+def _error(x, ref):
+    return (x.double() - ref).abs().max().item()
+
+
+def _forward_backward(fn, q, k, v, dout):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    return [out] + list(torch.autograd.grad(out, leaves, dout))
+
+
+def _expect_within_torch(ours, torch_half, exact, what):
+    for name, a, b, c in zip(("output", "grad_query", "grad_key", "grad_value"), ours, torch_half, exact):
+        assert a.dtype == b.dtype, f"{what} {name}: dtype {a.dtype}, PyTorch's {b.dtype}"
+        mine, theirs = _error(a, c), _error(b, c)
+        assert mine <= 2 * theirs, f"{what} {name}: mha's error {mine:.3g} > 2x PyTorch's {theirs:.3g}"
+
+
+SDPA_CASES = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "bool mask": dict(mask="bool"),
+    "additive mask": dict(mask="additive"),
+    "window 48, causal": dict(window_size=(48, 0), is_causal=True),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_sdpa_within_twice_pytorchs_error(dtype, case):
+    L, S = 130, 200
+    q, k, v, dout = _inputs(dtype, L=L, S=S)
+    spec = SDPA_CASES[case]
+    g = torch.Generator().manual_seed(5)
+    mask = {"bool": lambda: torch.rand(L, S, generator=g) > 0.3,
+            "additive": lambda: (torch.randn(2, 1, L, S, generator=g) * 0.5).to(dtype)}.get(spec.get("mask"), lambda: None)()
+    causal, window = spec.get("is_causal", False), spec.get("window_size", (-1, -1))
+    torch_mask, torch_causal = mask, causal
+    if window != (-1, -1):  # PyTorch has no window: the keys it leaves (top-left causal) as a bool mask
+        i, j = torch.arange(L).unsqueeze(-1), torch.arange(S)
+        torch_mask, torch_causal = (j <= i) & (j >= i - window[0]), False
+
+    def ours(q, k, v):
+        return mha.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
+                                                      window_size=window)
+
+    def theirs(q, k, v):  # in q's dtype: the half type, or float64 on the same values
+        m = torch_mask if torch_mask is None or torch_mask.dtype == torch.bool else torch_mask.to(q.dtype)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=torch_causal,
+                                                                enable_gqa=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to PyTorch
+        mine = _forward_backward(ours, q, k, v, dout)
+    _expect_within_torch(mine, _forward_backward(theirs, q, k, v, dout),
+                         _forward_backward(theirs, *(x.double() for x in (q, k, v, dout))), f"{dtype} {case}")
+
+
+VARIANTS = {
+    "soft-cap 20": dict(softcap=20.0),
+    "sinks, causal": dict(sinks=True, causal="top_left"),
+    "ALiBi, causal, window 40": dict(slopes=True, causal="bottom_right", window=(40, 0)),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("case", VARIANTS)
+def test_variants_within_twice_eager_error(dtype, case):
+    q, k, v, dout = _inputs(dtype, L=96, S=128)
+    g = torch.Generator().manual_seed(6)
+    spec = dict(VARIANTS[case])
+    sinks = (torch.randn(8, generator=g) * 2).to(dtype) if spec.pop("sinks", False) else None
+    slopes = torch.rand(8, generator=g).to(dtype) if spec.pop("slopes", False) else None
+    causal, window, softcap = spec.get("causal", "none"), spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
+
+    def eager(q, k, v, s=sinks, a=slopes):
+        cast = (lambda t: None if t is None else t.to(q.dtype))
+        return reference(q, k, v, causal, window, softcap, cast(s), cast(a))[0]
+
+    def ours(q, k, v):
+        if causal == "bottom_right":
+            return mha.torch.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                             window_size=window, softcap=softcap,
+                                             alibi_slopes=slopes).transpose(1, 2)
+        return mha.torch.scaled_dot_product_attention(q, k, v, is_causal=causal == "top_left", enable_gqa=True,
+                                                      window_size=window, softcap=softcap, sinks=sinks,
+                                                      alibi_slopes=slopes)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mine = _forward_backward(ours, q, k, v, dout)
+    _expect_within_torch(mine, _forward_backward(eager, q, k, v, dout),
+                         _forward_backward(eager, *(x.double() for x in (q, k, v, dout))), f"{dtype} {case}")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_sink_gradient_in_the_half_type(dtype):
+    q, k, v, dout = _inputs(dtype, L=40, S=40)
+    sinks = torch.randn(8, dtype=torch.float64)
+    s = sinks.to(dtype).requires_grad_()
+    out = mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, sinks=s)
+    (grad,) = torch.autograd.grad(out, (s,), dout)
+    s64 = sinks.to(dtype).double().requires_grad_()
+    out64 = reference(q.double(), k.double(), v.double(), "top_left", sinks=s64)[0]
+    (grad64,) = torch.autograd.grad(out64, (s64,), dout.double())
+    s_eager = sinks.to(dtype).requires_grad_()
+    (grad_eager,) = torch.autograd.grad(reference(q, k, v, "top_left", sinks=s_eager)[0], (s_eager,), dout)
+    assert grad.dtype == dtype
+    assert _error(grad, grad64) <= 2 * _error(grad_eager, grad64)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_torch_compile_fullgraph(dtype):
+    q, k, v, dout = _inputs(dtype, L=64, S=64)
+
+    def f(q, k, v):
+        return mha.torch.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    eager = _forward_backward(f, q, k, v, dout)
+    compiled = _forward_backward(torch.compile(f, fullgraph=True, backend="eager"), q, k, v, dout)
+    for a, b in zip(eager, compiled):
+        assert a.dtype == dtype and torch.equal(a, b)
+
+
+def test_flash_attn_varlen_and_merge_in_bfloat16():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(50, 4, 32, generator=g).bfloat16()
+    k = torch.randn(50, 2, 32, generator=g).bfloat16()
+    v = torch.randn(50, 2, 32, generator=g).bfloat16()
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+    out = mha.torch.flash_attn_varlen_func(q, k, v, cu, cu, 30, 30, causal=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (50, 4, 32)
+    for s0, s1 in ((0, 20), (20, 50)):  # each sequence alone
+        alone = mha.torch.flash_attn_func(q[None, s0:s1], k[None, s0:s1], v[None, s0:s1], causal=True)[0]
+        assert torch.equal(out[s0:s1], alone)
+    # Two halves of the keys merged give the whole call, within the half type's rounding of each part.
+    qb, kb, vb = q[None], k[None], v[None]  # (1, 50, H, D)
+    whole = mha.torch.flash_attn_func(qb, kb, vb)
+    parts = [mha.torch.flash_attn_func(qb, kb[:, keys], vb[:, keys], return_attn_probs=True)
+             for keys in (slice(0, 25), slice(25, 50))]
+    (a, lse_a, _), (b, lse_b, _) = parts
+    merged, _ = mha.torch.merge_attention_states(a.transpose(1, 2), lse_a, b.transpose(1, 2), lse_b)
+    assert merged.dtype == torch.bfloat16
+    assert _error(merged.transpose(1, 2), whole.double()) <= 2 ** -7 * whole.double().abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", (np.float16, ml_dtypes.bfloat16), ids=("float16", "bfloat16"))
+def test_numpy_half_arrays(dtype):
+    rng = np.random.default_rng(1)
+    q, k, v, dout = (rng.standard_normal(s).astype(dtype) for s in ((2, 4, 30, 16), (2, 4, 40, 16), (2, 4, 40, 16),
+                                                                     (2, 4, 30, 16)))
+    out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = mha.scaled_dot_product_attention_backward(dout, q, k, v, is_causal=True)
+    assert out.dtype == np.dtype(dtype) and all(g.dtype == np.dtype(dtype) for g in grads)
+    # The torch door gives the same bits (one implementation).
+    t = [torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16 if dtype is ml_dtypes.bfloat16 else torch.float16)
+         for x in (q, k, v)]
+    same = mha.torch.scaled_dot_product_attention(*t, is_causal=True)
+    assert np.array_equal(out.astype(np.float32), same.float().numpy())
+    # The mask's dtype is the query's or bool.
+    with pytest.raises(mha.ArgumentTypeError, match=r"attn_mask: expected dtype bool .* or (float16|bfloat16)"):
+        mha.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((30, 40), np.float32))
+    with pytest.raises(mha.ArgumentTypeError, match="key, value: expected the dtype of query"):
+        mha.scaled_dot_product_attention(q, k.astype(np.float32), v)
