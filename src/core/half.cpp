@@ -32,21 +32,9 @@ void Float16ToFloat(const float16* in, float* out, size_t count) { HalfToFloat(i
 // the top half; NaN lanes take their top half with the quiet bit set.
 void FloatToBFloat16(const float* in, bfloat16* out, size_t count) {
   const DF d;
-  const DU32 du32;
-  const DU16 du16;
   const size_t N = hn::Lanes(d);
-  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
   size_t i = 0;
-  for (; i + N <= count; i += N) {
-    const auto x = hn::LoadU(d, in + i);
-    const auto u = hn::BitCast(du32, x);
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
-    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))));
-    const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du32, 0x0040u));
-    const auto result = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(x)), quiet_nan, rounded);
-    // Each lane holds 16 bits now: the signed-to-unsigned demotion (saturating) keeps them as they are.
-    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<DU32>(), result)), du16, bits + i);
-  }
+  for (; i + N <= count; i += N) StoreAsBFloat16(d, hn::LoadU(d, in + i), out + i);
   for (; i < count; ++i) out[i] = to_bfloat16(in[i]);
 }
 

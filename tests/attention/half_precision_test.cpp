@@ -7,7 +7,10 @@
 //     or read): a half call adds exactly one rounding, of each result;
 //   - grad_sinks, summed in double, is rounded once from it (the float call rounds it to float
 //     first): within one unit of the half type's last place;
-//   - the same on every SIMD target, and bitwise the same for 1 and 2 threads;
+//     (on the path a CPU without AVX512_BF16 takes, forced: bf16_gemm::ScopedFloat32Fallback);
+//   - bfloat16 on the CPU's bf16 instructions (products in bf16, P rounded to bfloat16 for P·V)
+//     against the reference in double, within a bound derived from those roundings;
+//   - the same on every SIMD target, and bitwise the same for 1 and 2 threads on both paths;
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
 // The accuracy bar against PyTorch's own bfloat16/float16 SDPA is in python/tests (test_half_precision.py).
 #include <gtest/gtest.h>
@@ -15,11 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "../support/assertions.h"
 #include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
+#include "mha/core/bf16_gemm.h"
 #include "mha/core/simd.h"
 
 namespace mha::attention {
@@ -83,8 +88,61 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
   }
 }
 
+// bfloat16 on the CPU's bf16 instructions (bf16_gemm): Q·Kᵀ's products exact, summed in float,
+// and P rounded to bfloat16 for P·V (as PyTorch's CPU kernel does), so against the reference in
+// double on the same values, per element e of an output row,
+//   |o − o64| ≤ Σ_j |P_j − bf16(P_j)|·|v_je|·z + |o − fl(o)| + float's own error
+//             ≤ u·z·max_j |v_je| + u·|o64| + 2⁻¹⁶·max|v|,   u = 2⁻⁸ (bfloat16's unit roundoff),
+// z the dropout scale 1/(1 − p) (|o64| ≤ z·max|v| too); logsumexp (from the float P) and the
+// gradients (the float backward's, rounded once) within bfloat16's rounding and float's error.
+// Where the CPU has no AVX512_BF16 this is the fallback's path, which meets the same bound.
+void check_bf16_products(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(std::string("bf16 products") + (bf16_gemm::native() ? "" : " (fallback)") + ":" + c.describe());
+  Inputs in = make_inputs(c, seed);
+  round_inputs<bfloat16>(in);
+  const Results<bfloat16> h = run<bfloat16>(c, in, Backend::cpu_flash);
+  const Results<double> ref = run<double>(c, in, Backend::reference);
+  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0, u = 0x1p-8;  // bfloat16's unit roundoff
+  double max_v = 0;
+  for (float x : in.v.values()) max_v = std::max(max_v, static_cast<double>(std::abs(x)));
+  for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
+    const double o64 = ref.fwd.output[i], o = widen(h.fwd.output[i]);
+    ASSERT_LE(std::abs(o - o64), u * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v) << "output[" << i << "]";
+  }
+  for (int64_t i = 0; i < ref.fwd.logsumexp.numel(); ++i) {
+    const double l64 = ref.fwd.logsumexp[i], l = h.fwd.logsumexp[i];
+    if (std::isinf(l64)) {
+      EXPECT_EQ(l, l64) << "logsumexp[" << i << "]";
+    } else {
+      EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
+    }
+  }
+  auto expect_gradient = [&](const Tensor<bfloat16>& g, const Tensor<double>& g64, const char* name) {
+    double largest = 0;
+    for (double x : g64.values()) largest = std::max(largest, std::abs(x));
+    for (int64_t i = 0; i < g64.numel(); ++i)
+      ASSERT_LE(std::abs(widen(g[i]) - g64[i]), u * std::abs(g64[i]) + 0x1p-16 * largest) << name << "[" << i << "]";
+  };
+  expect_gradient(h.grads.grad_query, ref.grads.grad_query, "grad_query");
+  expect_gradient(h.grads.grad_key, ref.grads.grad_key, "grad_key");
+  expect_gradient(h.grads.grad_value, ref.grads.grad_value, "grad_value");
+}
+
+TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}};
+  for (int n = 0; n < 20; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 5][0], lengths[n % 5][1], n % 3 == 0 ? 64 : 19, n % 2 ? 24 : 64);
+    vary_options(c, n, heads, 3);
+    check_bf16_products(c, 900 + static_cast<uint64_t>(n));
+  }
+}
+
 template <class H>
 void sweep(Backend backend, int cases, uint64_t seed) {
+  // The path a CPU without AVX512_BF16 takes (bfloat16's products on widened operands; float16's
+  // always): exactly the float call, rounded once. The bf16 instructions' path is checked below.
+  const bf16_gemm::ScopedFloat32Fallback float_products;
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
   const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {16, 513}};
   for (int n = 0; n < cases; ++n) {
@@ -124,18 +182,26 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
   for (const std::string& target : simd_targets()) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    check_half<bfloat16>(c, 801, Backend::cpu_flash);
-    check_half<float16>(c, 802, Backend::decode);
+    {
+      const bf16_gemm::ScopedFloat32Fallback float_products;
+      check_half<bfloat16>(c, 801, Backend::cpu_flash);
+      check_half<float16>(c, 802, Backend::decode);
+    }
+    check_bf16_products(c, 804);
   }
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);
   const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
-  omp_set_num_threads(2);
-  const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
-  omp_set_num_threads(threads);
-  expect_bitwise(one, two);
+  for (bool native : {false, true}) {
+    std::optional<bf16_gemm::ScopedFloat32Fallback> float_products;
+    if (!native) float_products.emplace();
+    omp_set_num_threads(1);
+    const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(2);
+    const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(threads);
+    expect_bitwise(one, two);
+  }
 }
 
 // (B, L, H, D) memory viewed as (B, H, L, D), written in place; gradients added to what they hold.

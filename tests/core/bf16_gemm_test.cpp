@@ -51,7 +51,7 @@ void check(const Case& c, bool transposed, bool accumulate, bool fallback, mha::
   {
     std::optional<bg::ScopedFloat32Fallback> pin;
     if (fallback) pin.emplace();
-    bg::multiply(c.m, c.n, c.k, a.data(), c.lda, packed.data(), out.data(), c.ldc, accumulate);
+    bg::multiply(c.m, c.n, c.k, a.data(), c.lda, packed.data(), c.n, out.data(), c.ldc, accumulate);
   }
   const std::string where = std::string(fallback ? "float32 fallback" : "bf16 instructions") + " m=" +
                             std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
@@ -86,6 +86,51 @@ TEST(Bf16Gemm, MatchesTheExactSumOnEveryPathAndShape) {
         for (bool accumulate : {false, true}) check(c, transposed, accumulate, fallback, gen);
 }
 
+// A block of a larger packed B (attention's tiles inside a packed kv head): rows from an even kk0,
+// columns from c0, the packed matrix's width as ldb; against the exact sum of that block, on both
+// paths, from B and from Bᵀ, with an odd depth (the block's last row then shares its pair with a
+// row outside the block, which must not be read).
+TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
+  mha::Generator gen(23);
+  const size_t K = 40, N = 300, m = 11;
+  const std::vector<bfloat16> a = uniform(m * K, gen), b = uniform(K * N, gen);
+  std::vector<bfloat16> bt(N * K);
+  for (size_t kk = 0; kk < K; ++kk)
+    for (size_t j = 0; j < N; ++j) bt[j * K + kk] = b[kk * N + j];
+  const size_t u_bits = 24;
+  for (bool fallback : fallbacks())
+    for (bool transposed : {false, true}) {
+      std::vector<bfloat16> packed(bg::packed_size(K, N));
+      if (transposed) {
+        bg::pack_b_transposed(bt.data(), K, N, K, packed.data());
+      } else {
+        bg::pack_b(b.data(), N, K, N, packed.data());
+      }
+      for (const auto [kk0, k, c0, n] : {std::tuple<size_t, size_t, size_t, size_t>{0, 40, 0, 300},
+                                         {8, 17, 16, 33}, {2, 37, 250, 50}, {38, 1, 5, 7}}) {
+        std::vector<float> out(m * n);
+        {
+          std::optional<bg::ScopedFloat32Fallback> pin;
+          if (fallback) pin.emplace();
+          bg::multiply(m, n, k, a.data() + kk0, K, packed.data() + kk0 * N + 2 * c0, N, out.data(), n, false);
+        }
+        const double gamma = (k + 1) * std::ldexp(1.0, -static_cast<int>(u_bits));
+        for (size_t r = 0; r < m; ++r)
+          for (size_t j = 0; j < n; ++j) {
+            double exact = 0, magnitude = 0;
+            for (size_t kk = kk0; kk < kk0 + k; ++kk) {
+              const double p = static_cast<double>(mha::to_float(a[r * K + kk])) * mha::to_float(b[kk * N + c0 + j]);
+              exact += p;
+              magnitude += std::abs(p);
+            }
+            ASSERT_LE(std::abs(out[r * n + j] - exact), gamma * magnitude + std::numeric_limits<float>::min())
+                << (fallback ? "fallback" : "native") << (transposed ? " from Bᵀ" : " from B") << " rows " << kk0
+                << "+" << k << " columns " << c0 << "+" << n << ": row " << r << ", column " << j;
+          }
+      }
+    }
+}
+
 // The bf16 instructions and the float32 fallback compute the same exact products and differ only
 // in the order of their float additions: the same within that rounding on an attention tile.
 TEST(Bf16Gemm, NativeAndFallbackAgreeWithinTheirRounding) {
@@ -96,11 +141,11 @@ TEST(Bf16Gemm, NativeAndFallbackAgreeWithinTheirRounding) {
   std::vector<bfloat16> packed(bg::packed_size(k, n));
   bg::pack_b(b.data(), n, k, n, packed.data());
   std::vector<float> native(m * n), fallback(m * n);
-  bg::multiply(m, n, k, a.data(), k, packed.data(), native.data(), n, false);
+  bg::multiply(m, n, k, a.data(), k, packed.data(), n, native.data(), n, false);
   {
     bg::ScopedFloat32Fallback pin;
     EXPECT_FALSE(bg::native());
-    bg::multiply(m, n, k, a.data(), k, packed.data(), fallback.data(), n, false);
+    bg::multiply(m, n, k, a.data(), k, packed.data(), n, fallback.data(), n, false);
   }
   EXPECT_TRUE(bg::native());
   const double u = std::ldexp(1.0, -24);

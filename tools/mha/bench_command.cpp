@@ -350,7 +350,7 @@ void run_gemm_bench(const BenchArgs& args) {
     const double f32 = rate([&] {
       panel_gemm::multiply(t.m, t.n, t.k, {a.data(), t.k}, {b_panels.data(), W, t.k * W}, {c.data(), n_padded}, true);
     });
-    auto bf16 = [&] { bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), c.data(), n_padded, true); };
+    auto bf16 = [&] { bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), t.n, c.data(), n_padded, true); };
     const double native_rate = native ? rate(bf16) : 0.0;
     double fallback_rate;
     {

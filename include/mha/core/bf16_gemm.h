@@ -28,10 +28,12 @@ void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst);
 void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat16* dst);
 
 // C[r][c] (row stride ldc, n columns) = (accumulate: C[r][c] +) Σ_kk A[r][kk]·B[kk][c], A m × k
-// (row stride lda), B packed by pack_b for k × n. (An odd lda takes the float32 path: the bf16
-// kernels read A's rows in pairs.)
-void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed, float* c,
-              size_t ldc, bool accumulate);
+// (row stride lda), B packed by pack_b or pack_b_transposed for ldb ≥ n columns. B may be a block
+// of a larger packed matrix: its rows from an even row kk0 and its columns from c0 are at
+// b_packed + kk0·ldb + 2·c0. (An odd lda takes the float32 path: the bf16 kernels read A's rows
+// in pairs.)
+void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed, size_t ldb,
+              float* c, size_t ldc, bool accumulate);
 
 // Whether multiply runs on the CPU's bf16 instructions (false: the float32 fallback).
 bool native();

@@ -3,6 +3,7 @@
 // file that Highway re-includes per target (foreach_target.h), after hwy/highway.h.
 //
 //   LoadAsFloat(d, p)  the Lanes(d) numbers at p, as floats, exactly as to_float gives them
+//   StoreAsBFloat16(d, v, p)  v's lanes at p as bfloat16, exactly as to_bfloat16 gives them
 //
 // bfloat16 → float is a 16-bit shift on every target. float16 uses F16C's vcvtph2ps where the
 // target has it (AVX2, AVX-512); elsewhere Highway 1.0's emulated PromoteTo gets infinities wrong
@@ -55,6 +56,24 @@ HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const float16* p) {
     for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = to_float(p[i]);
     return hn::Load(d, lanes);
   }
+}
+
+// StoreAsBFloat16(d, v, p): the Lanes(d) floats of v at p as bfloat16, rounded to nearest even as
+// to_bfloat16 does (bits + 0x7fff + bit 16, then the top half); NaN lanes keep their top half
+// with the quiet bit set.
+template <class DF>
+HWY_INLINE void StoreAsBFloat16(DF /*d*/, hwy::HWY_NAMESPACE::VFromD<DF> x, bfloat16* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto u = hn::BitCast(du32, x);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))));
+  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du32, 0x0040u));
+  const auto result = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(x)), quiet_nan, rounded);
+  // Each lane holds 16 bits now: the signed-to-unsigned demotion (saturating) keeps them as they are.
+  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<decltype(du32)>(), result)), du16,
+             reinterpret_cast<uint16_t*>(p));
 }
 
 }  // namespace mha::HWY_NAMESPACE

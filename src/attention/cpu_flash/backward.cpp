@@ -147,10 +147,10 @@ struct Scratch {
   // One block of query rows × the segment's keys, and the block's A operands: scale·Q for
   // S = Q·Kᵀ, Qᵀ and dOᵀ (row stride Br) for dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
   Buffer<float> probs, dprobs, bias, factors, q_scaled, qt, dot, dq, delta, lse_hi, lse_lo, renorm;
-  Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
   Buffer<double> row_dot, row_mass, mass;
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
+  Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
 
   Scratch(const Plan& n, bool masked, bool dropout, bool softcapped, bool half)

@@ -17,9 +17,11 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 
 #include "blocks.h"
 #include "cpu_flash.h"
+#include "mha/core/bf16_gemm.h"
 
 namespace mha::attention::detail {
 
@@ -27,26 +29,41 @@ using namespace cpu_flash;
 
 namespace {
 
-// The kv head's B operands in panels over its keys [first, first + count): Kᵀ (Dqk × count,
-// panels of keys) for S = Q·Kᵀ and V (count × Dv, panels of value columns) for O += P·V. `first`
-// is a walk's start (walk_start), and a tile's Kᵀ columns are taken from inside a panel when they
-// start there (packed_columns).
+// The kv head's B operands over its keys [first, first + count), in one of two forms:
+//   float panels (panel_gemm): Kᵀ (Dqk × count, panels of keys) for S = Q·Kᵀ and V (count × Dv,
+//     panels of value columns) for O += P·V; a tile's Kᵀ columns are taken from inside a panel
+//     when they start there (packed_columns). Float operands, or half ones widened as packed.
+//   bf16 pairs (bf16_gemm), for bfloat16 operands where the CPU has AVX512_BF16: Kᵀ and V in the
+//     pair layout VDPBF16PS reads, pairs over Dqk and over the keys.
+// `first` is a walk's start (walk_start).
 struct PackedKv {
-  const float* kt;
-  const float* v;
+  float* kt = nullptr;
+  float* v = nullptr;
   int64_t first = 0, count = 0;
+  bfloat16* kt_pairs = nullptr;
+  bfloat16* v_pairs = nullptr;
+
+  bool pairs() const { return kt_pairs != nullptr; }
 };
+
+// Whether a call's products run on bf16 pairs: bfloat16 queries, keys and values on a CPU with
+// the bf16 instructions (elsewhere the same call runs on float panels, widened as packed).
+template <class T, class Kv>
+bool bf16_products() {
+  return std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && bf16_gemm::native();
+}
 
 // One thread's scratch for query blocks of at most Br rows: the score tile and its additions
 // (Br × Bc, row stride Bc), the output accumulator and the per-row state.
 struct Scratch {
   size_t dv_padded;
   Buffer<float> scores, bias, factors, out, q_scaled, row_max, lse_hi, lse_lo;
+  Buffer<bfloat16> q_pairs, p_pairs;  // with bf16 pairs: Q (row stride Dqk rounded up to even) and P
   Buffer<double> row_sum;
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
 
-  Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded)
+  Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded, bool pairs)
       : dv_padded(dv_padded),
         scores(kForwardQueries * kForwardKeys),
         bias(masked ? kForwardQueries * kForwardKeys : 0),
@@ -56,6 +73,8 @@ struct Scratch {
         row_max(kForwardQueries),
         lse_hi(kForwardQueries),
         lse_lo(kForwardQueries),
+        q_pairs(pairs ? kForwardQueries * round_up(Dqk, 2) : 0),
+        p_pairs(pairs ? kForwardQueries * kForwardKeys : 0),
         row_sum(kForwardQueries),
         first(kForwardQueries),
         end(kForwardQueries),
@@ -79,35 +98,62 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
   std::fill(s.row_max.data(), s.row_max.data() + rows, sink);
   std::fill(s.row_sum.data(), s.row_sum.data() + rows, sink == -std::numeric_limits<float>::infinity() ? 0.0 : 1.0);
   std::fill(s.out.data(), s.out.data() + rows * dv_padded, 0.0f);
-  for (size_t r = 0; r < rows; ++r) {  // scale·Q, scaled once for every key block
+  // The A operand of S = Q·Kᵀ: scale·Q in float, scaled once for every key block; or, on bf16
+  // pairs, Q itself in rows of even stride (the kernels then scale each score as they read it:
+  // scale·Q would not be a bfloat16).
+  const bool pairs = kv.pairs();
+  const size_t dq_pairs = round_up(Dqk, 2);
+  for (size_t r = 0; r < rows; ++r) {
     const T* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      if (pairs) {
+        std::copy_n(q, Dqk, s.q_pairs.data() + r * dq_pairs);
+        continue;
+      }
+    }
     for (size_t e = 0; e < Dqk; ++e) s.q_scaled[r * Dqk + e] = static_cast<float>(p.scale) * widen(q[e]);
   }
   for (size_t r = 0; r < rows; ++r) s.visible[r] = p.visible_keys(b, i0 + static_cast<int64_t>(r));
   // Under a narrow window each group of kBandRows rows multiplies only the columns it sees, in both
   // products (for_each_band).
   const bool banded = narrow_window(p);
-  const size_t step = panel_step();
+  const size_t step = round_up(panel_step(), 2);  // a band's first key starts a pair
   // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ on each group's band (zero beside it,
   // where the tile's edges hide every column), and the additions the kernels apply.
   auto score_tile = [&](int64_t j0, size_t cols) {
     for_each_band(banded, s.visible.data(), rows, j0, cols, step, [&](const Band& g) {
-      if (g.end_col > g.first_col)
-        multiply(g.rows, g.end_col - g.first_col, Dqk, {s.q_scaled.data() + g.first_row * Dqk, Dqk},
-                 packed_columns(kv.kt, Dqk, to_size(j0 - kv.first) + g.first_col, W),
-                 {s.scores.data() + g.first_row * Bc + g.first_col, Bc}, false);
+      const size_t c = to_size(j0 - kv.first) + g.first_col, width = g.end_col - g.first_col;
+      float* scores = s.scores.data() + g.first_row * Bc + g.first_col;
+      if (width > 0 && pairs) {
+        bf16_gemm::multiply(g.rows, width, Dqk, s.q_pairs.data() + g.first_row * dq_pairs, dq_pairs, kv.kt_pairs + 2 * c,
+                            to_size(kv.count), scores, Bc, false);
+      } else if (width > 0) {
+        multiply(g.rows, width, Dqk, {s.q_scaled.data() + g.first_row * Dqk, Dqk}, packed_columns(kv.kt, Dqk, c, W),
+                 {scores, Bc}, false);
+      }
       fill_beside_band(g, s.scores.data(), Bc, cols);
     });
-    return make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
-                     [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
+    ScoreTile t = make_tile(p, additions, s.tile(), s.scores.data(), Bc, b, rows, j0, cols,
+                            [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
+    if (pairs) {
+      t.scale = static_cast<float>(p.scale);  // the kernels scale q·k as they read it
+      t.probs_bf16 = s.p_pairs.data();  // and write P in bfloat16 for P·V
+    }
+    return t;
   };
-  // O += P·V over each group's band (P is 0 beside it).
+  // O += P·V over each group's band (P is 0 beside it). On bf16 pairs P is the online softmax's
+  // bfloat16 copy, rounded as PyTorch's CPU kernel multiplies it (the row sums l keep the float P).
   auto add_values = [&](int64_t j0, size_t cols) {
     for_each_band(banded, s.visible.data(), rows, j0, cols, step, [&](const Band& g) {
-      if (g.end_col > g.first_col)
-        multiply(g.rows, Dv, g.end_col - g.first_col, {s.scores.data() + g.first_row * Bc + g.first_col, Bc},
-                 {kv.v + to_size(j0 - kv.first + static_cast<int64_t>(g.first_col)) * W, W, to_size(kv.count) * W},
-                 {s.out.data() + g.first_row * dv_padded, dv_padded}, true);
+      const size_t key = to_size(j0 - kv.first) + g.first_col, width = g.end_col - g.first_col;
+      float* out = s.out.data() + g.first_row * dv_padded;
+      if (width > 0 && pairs) {
+        bf16_gemm::multiply(g.rows, Dv, width, s.p_pairs.data() + g.first_row * Bc + g.first_col, Bc,
+                            kv.v_pairs + key * Dv, Dv, out, dv_padded, true);
+      } else if (width > 0) {
+        multiply(g.rows, Dv, width, {s.scores.data() + g.first_row * Bc + g.first_col, Bc},
+                 {kv.v + key * W, W, to_size(kv.count) * W}, {out, dv_padded}, true);
+      }
     });
   };
   // The key blocks some row of the block sees, the last one trimmed to the last such key.
@@ -193,23 +239,49 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
   // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
   // after another.
   const bool shared_packs = S > kLongKeys;
-  const size_t kt_size = keys_padded * Dqk, v_size = dv_padded * to_size(S);
-  Buffer<float> shared_kt(shared_packs ? kt_size : 0, Buffer<float>::Uninitialized);
-  Buffer<float> shared_v(shared_packs ? v_size : 0, Buffer<float>::Uninitialized);
-  // Keys [first, first + count) of kv head kv (= b·Hkv + kv head) into kt and v (bfloat16 or float16
-  // keys and values, a KV cache's, widened to float here: the only float copy of them is the pack).
-  auto pack_kv_head = [&](int64_t kv, int64_t first, int64_t count, float* kt, float* v) {
-    pack_transposed(a.key.row(kv / Hkv, kv % Hkv, first), to_size(a.key.stride_row), to_size(count), Dqk, kt);
-    pack_rows(a.value.row(kv / Hkv, kv % Hkv, first), to_size(a.value.stride_row), to_size(count), Dv, v);
+  const bool pairs = bf16_products<T, Kv>();
+  // The packs' sizes: float panels, or bf16 pairs (Kᵀ's pairs over Dqk, V's over the keys).
+  const size_t kt_size = pairs ? 0 : keys_padded * Dqk, v_size = pairs ? 0 : dv_padded * to_size(S);
+  const size_t kt_pairs_size = pairs ? bf16_gemm::packed_size(Dqk, to_size(S)) : 0,
+               v_pairs_size = pairs ? bf16_gemm::packed_size(to_size(S), Dv) : 0;
+  auto buffers = [&](bool own) {  // a thread's own packs, or the shared ones
+    const bool here = own != shared_packs;
+    return std::tuple(Buffer<float>(here ? kt_size : 0, Buffer<float>::Uninitialized),
+                      Buffer<float>(here ? v_size : 0, Buffer<float>::Uninitialized),
+                      Buffer<bfloat16>(here ? kt_pairs_size : 0, Buffer<bfloat16>::Uninitialized),
+                      Buffer<bfloat16>(here ? v_pairs_size : 0, Buffer<bfloat16>::Uninitialized));
   };
+  auto view = [&](auto& packs) {
+    auto& [kt, v, kt_pairs, v_pairs] = packs;
+    return pairs ? PackedKv{nullptr, nullptr, 0, 0, kt_pairs.data(), v_pairs.data()} : PackedKv{kt.data(), v.data()};
+  };
+  auto shared = buffers(false);
+  // Keys [first, first + count) of kv head kv (= b·Hkv + kv head) into `to` (bfloat16 or float16
+  // keys and values, a KV cache's, widened to float here on float panels: the only float copy of
+  // them is the pack).
+  auto pack_kv_head = [&](int64_t kv, int64_t first, int64_t count, PackedKv& to) {
+    const Kv* k = a.key.row(kv / Hkv, kv % Hkv, first);
+    const Kv* v = a.value.row(kv / Hkv, kv % Hkv, first);
+    if constexpr (std::is_same_v<Kv, bfloat16>) {
+      if (pairs) {
+        bf16_gemm::pack_b_transposed(k, to_size(a.key.stride_row), to_size(count), Dqk, to.kt_pairs);
+        bf16_gemm::pack_b(v, to_size(a.value.stride_row), to_size(count), Dv, to.v_pairs);
+      }
+    }
+    if (!pairs) {
+      pack_transposed(k, to_size(a.key.stride_row), to_size(count), Dqk, to.kt);
+      pack_rows(v, to_size(a.value.stride_row), to_size(count), Dv, to.v);
+    }
+    to.first = first;
+    to.count = count;
+  };
+  PackedKv shared_packed = view(shared);
 #pragma omp parallel
   {
-    Buffer<float> own_kt(shared_packs ? 0 : kt_size, Buffer<float>::Uninitialized);
-    Buffer<float> own_v(shared_packs ? 0 : v_size, Buffer<float>::Uninitialized);
-    PackedKv packed = shared_packs ? PackedKv{shared_kt.data(), shared_v.data(), 0, S}
-                                   : PackedKv{own_kt.data(), own_v.data(), 0, 0};
+    auto own = buffers(true);
+    PackedKv packed = shared_packs ? shared_packed : view(own);
     int64_t packed_kv = -1;
-    Scratch scratch(p, additions.present(), Dqk, dv_padded);
+    Scratch scratch(p, additions.present(), Dqk, dv_padded, pairs);
 
     auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
@@ -220,8 +292,8 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
           (kv != packed_kv || first < packed.first || keys.end > packed.first + packed.count)) {
         const int64_t limit = p.packed.present() ? p.packed.k(p.sequence_of(b, block.first).index + 1) : S;
         const int64_t end = std::min(limit, keys.end + std::max(kPackAhead, keys.end - first));
-        pack_kv_head(kv, first, end - first, own_kt.data(), own_v.data());
-        std::tie(packed_kv, packed.first, packed.count) = std::tuple(kv, first, end - first);
+        pack_kv_head(kv, first, end - first, packed);
+        packed_kv = kv;
       }
       forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
@@ -237,7 +309,8 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
       const int64_t tasks_per_kv = p.group_size() * query_blocks;
       for (int64_t kv = 0; kv < B * Hkv; ++kv) {
 #pragma omp single
-        pack_kv_head(kv, 0, S, shared_kt.data(), shared_v.data());  // O(S·d), against O(L·S·d) of work
+        pack_kv_head(kv, 0, S, shared_packed);  // O(S·d), against O(L·S·d) of work
+        packed = shared_packed;  // (the single's writes are seen after its barrier)
 #pragma omp for schedule(dynamic)
         for (int64_t task = kv * tasks_per_kv; task < (kv + 1) * tasks_per_kv; ++task) run_task(task);
       }

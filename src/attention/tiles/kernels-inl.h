@@ -25,6 +25,7 @@
 #include "mha/core/random.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "mha/core/half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::attention::detail::tiles::HWY_NAMESPACE {
@@ -107,6 +108,7 @@ HWY_INLINE VF Capped(DF d, VF x, float cap) {
 // What the row's scores at columns [c0, c0 + N) are before the key range: cap(q·k) + bias.
 HWY_INLINE VF Scores(DF d, const ScoreTile& t, const float* s, const float* bias, size_t c0) {
   VF x = hn::LoadU(d, s + c0);
+  if (t.scale != 1.0f) x = hn::Mul(x, hn::Set(d, t.scale));
   if (t.softcap > 0.0f) x = Capped(d, x, t.softcap);
   return bias ? hn::Add(x, hn::LoadU(d, bias + c0)) : x;
 }
@@ -151,7 +153,7 @@ HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
   };
   size_t c0 = 0;
   for (; c0 < v.first; c0 += N) edge(c0);  // vectors that reach below the first visible column
-  if (bias || t.softcap > 0.0f) {
+  if (bias || t.softcap > 0.0f || t.scale != 1.0f) {
     for (; c0 + N <= v.end; c0 += N) {
       const VF x = Scores(d, t, s, bias, c0);
       hn::StoreU(x, d, s + c0);
@@ -203,9 +205,15 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
     const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
     const VF vshift = hn::Set(d, shift[r]);
     // p at column c0, stored (times the dropout factor) and returned (without it).
+    bfloat16* s_bf16 = t.probs_bf16 ? t.probs_bf16 + r * t.stride : nullptr;
     auto probability = [&](size_t c0) {
       const VF prob = ExpOfNonPositive(d, hn::Sub(hn::LoadU(d, s + c0), vshift));
-      hn::StoreU(drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob, d, s + c0);
+      const VF kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
+      if (s_bf16) {
+        mha::HWY_NAMESPACE::StoreAsBFloat16(d, kept, s_bf16 + c0);
+      } else {
+        hn::StoreU(kept, d, s + c0);
+      }
       return prob;
     };
     VF sum0 = hn::Zero(d), sum1 = sum0;  // two sums halve the dependency chain of Add
@@ -247,13 +255,14 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
     if (slope) {
       const VF inverse_cap = hn::Set(d, 1.0f / t.softcap);
       for (size_t c0 = 0; c0 < padded; c0 += N) {
-        const VF capped = Capped(d, hn::LoadU(d, s + c0), t.softcap);
+        const VF capped = Capped(d, hn::Mul(hn::LoadU(d, s + c0), hn::Set(d, t.scale)), t.softcap);
         hn::StoreU(capped, d, s + c0);
         const VF tanh = hn::Mul(capped, inverse_cap);
         const VF derivative = hn::NegMulAdd(tanh, tanh, hn::Set(d, 1.0f));
         hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, t.cols - c0), derivative), d, slope + c0);
       }
       u.softcap = 0.0f;
+      u.scale = 1.0f;
     }
     const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
     const Visible v = VisibleColumns(t, r);

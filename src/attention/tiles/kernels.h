@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "mha/core/half.h"
 #include "mha/core/panel_gemm.h"
 
 namespace mha::attention::detail::tiles {
@@ -38,8 +39,16 @@ using panel_gemm::PanelsB;
 //   cap_slope  with a soft-cap, where probabilities_tile writes cap' = 1 − tanh²(q·k / c) for the
 //            backward (score_gradients_tile), or null.
 struct ScoreTile {
-  float* scores;  // in: scale·q·k; out: probabilities. Rows have room for cols rounded up to W.
+  float* scores;  // in: scale·q·k (or q·k, see scale); out: probabilities. Rows have room for cols
+                  // rounded up to W.
   size_t stride, rows, cols;  // rows <= 256 (online_softmax_tile keeps per-row scratch on the stack)
+  // Multiplies the scores as the kernels read them, when the products left q·k unscaled (bfloat16
+  // operands, whose scale·q would not be a bfloat16); 1 where they hold scale·q·k.
+  float scale = 1.0f;
+  // When given, online_softmax_tile writes the tile's probabilities here as bfloat16 (rounded to
+  // nearest even, row stride `stride`: the A operand of O += P·V on bfloat16 operands) instead of
+  // into `scores`.
+  bfloat16* probs_bf16 = nullptr;
   const float* bias = nullptr;
   const int64_t* first_visible = nullptr;
   const int64_t* end_visible = nullptr;
