@@ -88,23 +88,32 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
   }
 }
 
-// bfloat16 on the CPU's bf16 instructions (bf16_gemm): Q·Kᵀ's products exact, summed in float,
-// and P rounded to bfloat16 for P·V (as PyTorch's CPU kernel does), so against the reference in
-// double on the same values, per element e of an output row,
-//   |o − o64| ≤ Σ_j |P_j − bf16(P_j)|·|v_je|·z + |o − fl(o)| + float's own error
-//             ≤ u·z·max_j |v_je| + u·|o64| + 2⁻¹⁶·max|v|,   u = 2⁻⁸ (bfloat16's unit roundoff),
-// z the dropout scale 1/(1 − p) (|o64| ≤ z·max|v| too); logsumexp (from the float P) and the
-// gradients (the float backward's, rounded once) within bfloat16's rounding and float's error.
-// Where the CPU has no AVX512_BF16 this is the fallback's path, which meets the same bound.
+// bfloat16 on the CPU's bf16 instructions (bf16_gemm): every product of two bfloat16s is exact and
+// summed in float; P is rounded to bfloat16 for P·V and, in the backward, P∘Z and dS for dV = PᵀdO,
+// dK = scale·dSᵀQ and dQ = scale·dS·K (as PyTorch's CPU kernel multiplies them). So against the
+// reference in double on the same values, u = 2⁻⁸ (bfloat16's unit roundoff), each result rounded
+// once more (u·|g64|), float's own error within 2⁻¹⁶ of the largest:
+//   |o − o64|       ≤ u·z·max_j |v_je| + u·|o64|           (Σ_j P_j·z·|v_je| ≤ z·max|v|, z = 1/(1 − p))
+//   |dV − dV64|_je  ≤ u·Σ_i P_ij·|dO_ie| + u·|dV64_je|
+//   |dK − dK64|_je  ≤ u·|scale|·Σ_i |dS_ij|·|q_ie| + u·|dK64_je|
+//   |dQ − dQ64|_ie  ≤ u·|scale|·Σ_j |dS_ij|·|k_je| + u·|dQ64_ie|
+// with |dS_ij| ≤ P_ij·(|dP_ij| + |D_i|) (a soft-cap's derivative is at most 1), P the reference's
+// weights and dP, D from them here, in double (gradients checked without dropout: P there is the
+// probabilities themselves); logsumexp (from the float P) within float's error. Where the CPU has
+// no AVX512_BF16 this is the fallback's path, which meets the same bounds.
 void check_bf16_products(const Case& c, uint64_t seed) {
   SCOPED_TRACE(std::string("bf16 products") + (bf16_gemm::native() ? "" : " (fallback)") + ":" + c.describe());
   Inputs in = make_inputs(c, seed);
   round_inputs<bfloat16>(in);
   const Results<bfloat16> h = run<bfloat16>(c, in, Backend::cpu_flash);
   const Results<double> ref = run<double>(c, in, Backend::reference);
-  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0, u = 0x1p-8;  // bfloat16's unit roundoff
-  double max_v = 0;
-  for (float x : in.v.values()) max_v = std::max(max_v, static_cast<double>(std::abs(x)));
+  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0, u = 0x1p-8;
+  auto largest = [](const auto& t) {
+    double m = 0;
+    for (auto x : t.values()) m = std::max(m, std::abs(static_cast<double>(x)));
+    return m;
+  };
+  const double max_v = largest(in.v);
   for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
     const double o64 = ref.fwd.output[i], o = widen(h.fwd.output[i]);
     ASSERT_LE(std::abs(o - o64), u * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v) << "output[" << i << "]";
@@ -117,15 +126,50 @@ void check_bf16_products(const Case& c, uint64_t seed) {
       EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
     }
   }
-  auto expect_gradient = [&](const Tensor<bfloat16>& g, const Tensor<double>& g64, const char* name) {
-    double largest = 0;
-    for (double x : g64.values()) largest = std::max(largest, std::abs(x));
+  if (c.scoring.dropout_p > 0) return;
+  // The magnitudes of the bounds above, from the reference's weights.
+  Case with_weights = c;
+  with_weights.need_weights = true;
+  const Tensor<double> P = *run_forward<double>(with_weights, in, Backend::reference).weights;
+  const int64_t B = c.batch, H = c.q_heads, G = c.q_heads / c.kv_heads, L = c.q_len, S = c.k_len, Dk = c.qk_dim,
+                Dv = c.v_dim;
+  const double scale = std::abs(c.scoring.scale.value_or(1 / std::sqrt(static_cast<double>(Dk))));
+  Tensor<double> mag_q({B, H, L, Dk}), mag_k({B, c.kv_heads, S, Dk}), mag_v({B, c.kv_heads, S, Dv});
+  std::vector<double> dp(static_cast<size_t>(S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hq = 0; hq < H; ++hq)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t kv = hq / G;
+        const float* dout = &in.dout[((b * H + hq) * L + i) * Dv];
+        const float* q = &in.q[((b * H + hq) * L + i) * Dk];
+        const double* p = &P[((b * H + hq) * L + i) * S];
+        double d = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          const float* v = &in.v[((b * c.kv_heads + kv) * S + j) * Dv];
+          double x = 0;
+          for (int64_t e = 0; e < Dv; ++e) x += static_cast<double>(dout[e]) * v[e];
+          dp[static_cast<size_t>(j)] = x;
+          d += p[j] * x;
+        }
+        for (int64_t j = 0; j < S; ++j) {
+          const double ds = p[j] * (std::abs(dp[static_cast<size_t>(j)]) + std::abs(d));
+          const float* k = &in.k[((b * c.kv_heads + kv) * S + j) * Dk];
+          for (int64_t e = 0; e < Dv; ++e) mag_v[((b * c.kv_heads + kv) * S + j) * Dv + e] += p[j] * std::abs(dout[e]);
+          for (int64_t e = 0; e < Dk; ++e) {
+            mag_k[((b * c.kv_heads + kv) * S + j) * Dk + e] += scale * ds * std::abs(q[e]);
+            mag_q[((b * H + hq) * L + i) * Dk + e] += scale * ds * std::abs(k[e]);
+          }
+        }
+      }
+  auto expect_gradient = [&](const Tensor<bfloat16>& g, const Tensor<double>& g64, const Tensor<double>& magnitude,
+                             const char* name) {
+    const double slack = 0x1p-16 * largest(g64);
     for (int64_t i = 0; i < g64.numel(); ++i)
-      ASSERT_LE(std::abs(widen(g[i]) - g64[i]), u * std::abs(g64[i]) + 0x1p-16 * largest) << name << "[" << i << "]";
+      ASSERT_LE(std::abs(widen(g[i]) - g64[i]), u * (magnitude[i] + std::abs(g64[i])) + slack) << name << "[" << i << "]";
   };
-  expect_gradient(h.grads.grad_query, ref.grads.grad_query, "grad_query");
-  expect_gradient(h.grads.grad_key, ref.grads.grad_key, "grad_key");
-  expect_gradient(h.grads.grad_value, ref.grads.grad_value, "grad_value");
+  expect_gradient(h.grads.grad_query, ref.grads.grad_query, mag_q, "grad_query");
+  expect_gradient(h.grads.grad_key, ref.grads.grad_key, mag_k, "grad_key");
+  expect_gradient(h.grads.grad_value, ref.grads.grad_value, mag_v, "grad_value");
 }
 
 TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {

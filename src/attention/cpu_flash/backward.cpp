@@ -42,6 +42,7 @@
 
 #include "blocks.h"
 #include "cpu_flash.h"
+#include "mha/core/bf16_gemm.h"
 
 namespace mha::attention::detail {
 
@@ -49,14 +50,21 @@ using namespace cpu_flash;
 
 namespace {
 
-// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld), widened to float.
-template <class T>
-void transpose(const T* src, size_t src_ld, size_t rows, size_t cols, float* dst, size_t ld) {
+// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld): widened to float,
+// or bfloat16 as it is (the bf16 pairs' A operands).
+template <class T, class U>
+void transpose(const T* src, size_t src_ld, size_t rows, size_t cols, U* dst, size_t ld) {
   constexpr size_t kBlock = 32;  // cache-sized squares
   for (size_t r0 = 0; r0 < rows; r0 += kBlock)
     for (size_t c0 = 0; c0 < cols; c0 += kBlock)
       for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
-        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * ld + r] = widen(src[r * src_ld + c]);
+        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) {
+          if constexpr (std::is_same_v<T, U>) {
+            dst[c * ld + r] = src[r * src_ld + c];
+          } else {
+            dst[c * ld + r] = widen(src[r * src_ld + c]);
+          }
+        }
 }
 
 // At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
@@ -117,9 +125,14 @@ struct Plan {
   size_t kvt_size;  // dKᵀ then dVᵀ of one task
   bool partial;     // a block of the rows' keys (Problem::partial_keys)
   bool banded;      // S, dP and dQ by groups of rows (for_each_band)
-  size_t step = panel_step();  // where a band's columns may begin
+  // The five products on bf16 pairs (bf16_gemm; bfloat16 operands where the CPU has AVX512_BF16)
+  // instead of float panels; then Q's and dO's rows and their transposes are copied with even
+  // strides.
+  bool pairs;
+  size_t dq2, dv2, br2;
+  size_t step;  // where a band's columns may begin
 
-  explicit Plan(const Problem& p)
+  Plan(const Problem& p, bool pairs)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), W(panel_width()),
         Br(to_size(block_rows(p, kBackwardQueries))),
@@ -133,7 +146,8 @@ struct Plan {
         chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
-        partial(p.partial_keys()), banded(narrow_window(p)) {}
+        partial(p.partial_keys()), banded(narrow_window(p)), pairs(pairs), dq2(round_up(Dqk, 2)), dv2(round_up(Dv, 2)),
+        br2(round_up(Br, 2)), step(key_step()) {}
 };
 
 constexpr auto uninitialized = Buffer<float>::Uninitialized;  // every element written before use
@@ -152,15 +166,24 @@ struct Scratch {
   std::vector<KeyRange> visible;  // each row's key range
   Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
+  // On bf16 pairs: the B operands Kᵀ, Vᵀ (pairs over d) and K (pairs over keys); the block's Q and
+  // dO rows, their transposes, a tile's P or dS packed over the rows, and a tile's dS rows.
+  Buffer<bfloat16> kt_pairs, vt_pairs, k_pairs, q16, dout16, qt16, dot16, tile_pairs, ds16;
 
   Scratch(const Plan& n, bool masked, bool dropout, bool softcapped, bool half)
-      : kt_packed(n.segment_padded * n.Dqk, uninitialized), vt_packed(n.segment_padded * n.Dv, uninitialized),
-        k_packed(n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
+      : kt_packed(n.pairs ? 0 : n.segment_padded * n.Dqk, uninitialized),
+        vt_packed(n.pairs ? 0 : n.segment_padded * n.Dv, uninitialized),
+        k_packed(n.pairs ? 0 : n.dqk_padded * n.segment, uninitialized), kvt(n.kvt_size),
         probs(n.Br * n.walk_stride), dprobs(n.Br * n.walk_stride), bias(masked ? n.Br * n.walk_stride : 0),
         factors(dropout ? n.Br * n.walk_stride : 0), q_scaled(n.Br * n.Dqk, uninitialized), qt(n.Dqk * n.Br),
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
         row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br), visible(n.Br),
-        dout(half ? n.Br * n.Dv : 0), cap_slope(softcapped ? n.Br * n.walk_stride : 0) {}
+        dout(half ? n.Br * n.Dv : 0), cap_slope(softcapped ? n.Br * n.walk_stride : 0),
+        kt_pairs(n.pairs ? bf16_gemm::packed_size(n.Dqk, n.segment) : 0),
+        vt_pairs(n.pairs ? bf16_gemm::packed_size(n.Dv, n.segment) : 0),
+        k_pairs(n.pairs ? bf16_gemm::packed_size(n.segment, n.Dqk) : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
+        dout16(n.pairs ? n.Br * n.dv2 : 0), qt16(n.pairs ? n.Dqk * n.br2 : 0), dot16(n.pairs ? n.Dv * n.br2 : 0),
+        tile_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0), ds16(n.pairs ? n.Br * n.Bc : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
@@ -184,7 +207,8 @@ template <class T>
 class Backward {
  public:
   Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
-      : p_(p), additions_(additions), a_(a), n_(p),
+      : p_(p), additions_(additions), a_(a),
+        n_(p, std::is_same_v<T, bfloat16> && bf16_gemm::native()),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
         all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0) {}
@@ -218,13 +242,20 @@ class Backward {
     const size_t seg_keys = segment_keys(seg);
     const T* k_seg = a_.key.row(b, kv % n_.Hkv, s0);
     const size_t k_ld = to_size(a_.key.stride_row);
-    pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
-    pack_transposed(a_.value.row(b, kv % n_.Hkv, s0), to_size(a_.value.stride_row), seg_keys, n_.Dv,
-                    s.vt_packed.data());
-    if (gradients) {
-      pack_rows(k_seg, k_ld, seg_keys, n_.Dqk, s.k_packed.data());
-      std::fill(s.kvt.data(), s.kvt.data() + n_.kvt_size, 0.0f);
+    const T* v_seg = a_.value.row(b, kv % n_.Hkv, s0);
+    const size_t v_ld = to_size(a_.value.stride_row);
+    if (n_.pairs) {
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        bf16_gemm::pack_b_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_pairs.data());
+        bf16_gemm::pack_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data());
+        if (gradients) bf16_gemm::pack_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data());
+      }
+    } else {
+      pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
+      pack_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_packed.data());
+      if (gradients) pack_rows(k_seg, k_ld, seg_keys, n_.Dqk, s.k_packed.data());
     }
+    if (gradients) std::fill(s.kvt.data(), s.kvt.data() + n_.kvt_size, 0.0f);
     const int64_t first_item = chunk * n_.chunks.items_per_chunk;
     const int64_t end_item = std::min(n_.G * n_.query_blocks, first_item + n_.chunks.items_per_chunk);
     for (int64_t item = first_item; item < end_item; ++item) {
@@ -245,8 +276,19 @@ class Backward {
     const float scale = static_cast<float>(p_.scale);
     const T* q_block = a_.query.row(b, h, i0);
     const size_t q_ld = to_size(a_.query.stride_row);
-    for (size_t r = 0; r < rows; ++r)
-      for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * widen(q_block[r * q_ld + e]);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      if (n_.pairs) {  // Q and dO as they are, rows of even stride (the kernels apply the scale)
+        const T* dout_block = a_.grad_output.row(b, h, i0);
+        const size_t dout_ld = to_size(a_.grad_output.stride_row);
+        for (size_t r = 0; r < rows; ++r) {
+          std::copy_n(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
+          std::copy_n(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
+        }
+      }
+    }
+    if (!n_.pairs)
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * widen(q_block[r * q_ld + e]);
     for (size_t r = 0; r < rows; ++r) split_logsumexp(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)), s.lse_hi[r], s.lse_lo[r]);
 
     // The sums that make D go to the whole-row totals in the first of two sweeps; otherwise to
@@ -270,10 +312,11 @@ class Backward {
   // (t0 = j0 − s_begin).
   void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               double* sum_dot, double* sum_mass) {
-    const std::pair<const float*, size_t> dout = grad_output_rows(s, b, h, i0, rows);
+    const std::pair<const float*, size_t> dout =
+        n_.pairs ? std::pair<const float*, size_t>{nullptr, 0} : grad_output_rows(s, b, h, i0, rows);
     const float* dout_block = dout.first;
     const size_t dout_ld = dout.second;
-    const size_t W = n_.W, ws = n_.walk_stride;
+    const size_t W = n_.W, ws = n_.walk_stride, seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
@@ -282,7 +325,12 @@ class Backward {
       float* dprobs = s.dprobs.data() + t0;
       for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
         const size_t c = c0 + g.first_col, width = g.end_col - g.first_col;
-        if (width > 0) {
+        if (width > 0 && n_.pairs) {
+          bf16_gemm::multiply(g.rows, width, n_.Dqk, s.q16.data() + g.first_row * n_.dq2, n_.dq2, s.kt_pairs.data() + 2 * c,
+                              seg_keys, probs + g.first_row * ws + g.first_col, ws, false);
+          bf16_gemm::multiply(g.rows, width, n_.Dv, s.dout16.data() + g.first_row * n_.dv2, n_.dv2,
+                              s.vt_pairs.data() + 2 * c, seg_keys, dprobs + g.first_row * ws + g.first_col, ws, false);
+        } else if (width > 0) {
           multiply(g.rows, width, n_.Dqk, {s.q_scaled.data() + g.first_row * n_.Dqk, n_.Dqk},
                    packed_columns(s.kt_packed.data(), n_.Dqk, c, W), {probs + g.first_row * ws + g.first_col, ws}, false);
           multiply(g.rows, width, n_.Dv, {dout_block + g.first_row * dout_ld, dout_ld},
@@ -291,9 +339,9 @@ class Backward {
         fill_beside_band(g, probs, ws, cols);
         fill_beside_band(g, dprobs, ws, cols);
       });
-      const ScoreTile t = make_tile(p_, additions_, s.tile(t0), probs, ws, b, rows, j0, cols,
-                                    [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; },
-                                    s.visible.data());
+      ScoreTile t = make_tile(p_, additions_, s.tile(t0), probs, ws, b, rows, j0, cols,
+                              [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
+      if (n_.pairs) t.scale = static_cast<float>(p_.scale);  // the products left q·k unscaled
       probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), dprobs, sum_dot, sum_mass);
     }
   }
@@ -360,12 +408,25 @@ class Backward {
     // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
     // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
     // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
-    transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt.data(), Br);
-    transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot.data(), Br);
-    for (size_t r = 0; r < rows; ++r) {
-      if (!s.fully_masked(r)) continue;
-      for (size_t d = 0; d < Dqk; ++d) s.qt[d * Br + r] = 0.0f;
-      for (size_t d = 0; d < Dv; ++d) s.dot[d * Br + r] = 0.0f;
+    if (n_.pairs) {
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        const size_t br2 = n_.br2;
+        transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt16.data(), br2);
+        transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot16.data(), br2);
+        for (size_t r = 0; r < rows; ++r) {
+          if (!s.fully_masked(r)) continue;
+          for (size_t d = 0; d < Dqk; ++d) s.qt16[d * br2 + r] = bfloat16{0};
+          for (size_t d = 0; d < Dv; ++d) s.dot16[d * br2 + r] = bfloat16{0};
+        }
+      }
+    } else {
+      transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt.data(), Br);
+      transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot.data(), Br);
+      for (size_t r = 0; r < rows; ++r) {
+        if (!s.fully_masked(r)) continue;
+        for (size_t d = 0; d < Dqk; ++d) s.qt[d * Br + r] = 0.0f;
+        for (size_t d = 0; d < Dv; ++d) s.dot[d * Br + r] = 0.0f;
+      }
     }
     std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
     const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
@@ -377,6 +438,23 @@ class Backward {
       score_gradients_tile(block_probs, block_ds, ws, rows, cols, s.delta.data(),
                            p_.dropout() ? s.factors.data() + t0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
                            p_.softcapped() ? s.cap_slope.data() + t0 : nullptr);
+      if (n_.pairs) {
+        // P∘Z and dS rounded to bfloat16 (as PyTorch's kernel multiplies them), packed over the
+        // rows for dVᵀ and dKᵀ, and dS's rows for dQ.
+        const size_t Bc = n_.Bc;
+        bf16_gemm::pack_b(block_probs, ws, rows, cols, s.tile_pairs.data());
+        bf16_gemm::multiply(Dv, cols, rows, s.dot16.data(), n_.br2, s.tile_pairs.data(), cols, s.dvt(n_) + c0, ks, true);
+        bf16_gemm::pack_b(block_ds, ws, rows, cols, s.tile_pairs.data());
+        bf16_gemm::multiply(Dqk, cols, rows, s.qt16.data(), n_.br2, s.tile_pairs.data(), cols, s.dkt() + c0, ks, true);
+        for (size_t r = 0; r < rows; ++r) convert(block_ds + r * ws, s.ds16.data() + r * Bc, cols);
+        for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
+          if (g.end_col > g.first_col)
+            bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, s.ds16.data() + g.first_row * Bc + g.first_col, Bc,
+                                s.k_pairs.data() + (c0 + g.first_col) * Dqk, Dqk,
+                                s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded, true);
+        });
+        continue;
+      }
       multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ws, W}, {s.dvt(n_) + c0, ks}, true);
       multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ws, W}, {s.dkt() + c0, ks}, true);
       for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {

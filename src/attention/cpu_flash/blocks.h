@@ -84,8 +84,11 @@ void for_each_band(bool banded, const KeyRange* visible, size_t rows, int64_t j0
     step(band);
   }
 }
-// Where cpu_flash's key walks start: the first visible key, rounded down to a vector of keys.
-inline int64_t walk_start(const KeyRange& keys) { return key_walk_start(keys, static_cast<int64_t>(panel_step())); }
+// Where a band's or a walk's keys may start: a vector of keys (panel_step()), and at least a pair
+// (bf16 pairs interleave keys two by two: scalar targets have one-key vectors).
+inline size_t key_step() { return std::max<size_t>(panel_step(), 2); }
+// Where cpu_flash's key walks start: the first visible key, rounded down to key_step().
+inline int64_t walk_start(const KeyRange& keys) { return key_walk_start(keys, static_cast<int64_t>(key_step())); }
 
 // The columns from c on of a matrix with k rows packed by pack_transposed (panels of W columns).
 inline PanelsB packed_columns(const float* packed, size_t k, size_t c, size_t W) {

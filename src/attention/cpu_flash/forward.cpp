@@ -117,7 +117,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
   // Under a narrow window each group of kBandRows rows multiplies only the columns it sees, in both
   // products (for_each_band).
   const bool banded = narrow_window(p);
-  const size_t step = round_up(panel_step(), 2);  // a band's first key starts a pair
+  const size_t step = key_step();
   // The score tile of keys [j0, j0 + cols): S = (scale·Q)·Kᵀ on each group's band (zero beside it,
   // where the tile's edges hide every column), and the additions the kernels apply.
   auto score_tile = [&](int64_t j0, size_t cols) {
