@@ -16,7 +16,8 @@
 #               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
 #               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
 #               a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
-#               (scripts/bench/bench_variants.py), then attention's tile products in bfloat16 beside
+#               (scripts/bench/bench_variants.py), then SDPA in bfloat16 beside float32 and PyTorch's
+#               (scripts/bench/bench_bfloat16.py), then attention's tile products in bfloat16 beside
 #               float32 (mha bench --gemm), then context-parallel attention under mpirun
 #               (scripts/bench/bench_distributed.sh);
 #               installs the peers (install_python_deps.sh --bench)
@@ -90,7 +91,7 @@ demo: deps model build python-package
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
 # sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), the attention
-# variants (bench_variants.py) and the bf16 tile products (mha bench --gemm). The peers are installed into .venv first.
+# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py) and the bf16 tile products (mha bench --gemm). The peers are installed into .venv first.
 bench: TARGETS = mha_cli
 bench: deps model build python-package
 	./scripts/install_python_deps.sh --bench
@@ -99,6 +100,7 @@ bench: deps model build python-package
 	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_decode.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_variants.py $(BUILD_DIR)
+	$(PYTHON) scripts/bench/bench_bfloat16.py $(BUILD_DIR)
 	$(BUILD_DIR)/tools/mha/mha bench --gemm --json $(BUILD_DIR)/bench/gemm.json
 	./scripts/bench/bench_distributed.sh $(BUILD_DIR)
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mha/attention/attention.h"
+#include "mha/core/bf16_gemm.h"
 #include "mha/models/sentence_encoder.h"
 #include "mha/nn/multihead_attention.h"
 
@@ -412,6 +413,8 @@ NB_MODULE(_mha, m) {
   define_attention<mha::float16>(m, "_float16");
   define_module<float>(m);
   define_module<double>(m);
+  m.def("bf16_native", &mha::bf16_gemm::native,
+        "Whether bfloat16 attention's products run on the CPU's bf16 instructions (AVX512_BF16) here.");
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.
   nb::class_<mha::models::SentenceEncoder>(m, "SentenceEncoder")
       .def(nb::init<const std::string&>(), "directory"_a, nb::call_guard<nb::gil_scoped_release>())
