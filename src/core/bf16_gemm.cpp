@@ -106,20 +106,6 @@ void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst) {
   }
 }
 
-void pack_b(const float* x, size_t ld, size_t k, size_t n, bfloat16* dst) {
-  thread_local std::vector<bfloat16> rows;  // two rows of X, rounded
-  rows.resize(2 * n);
-  for (size_t kk = 0; kk < k; kk += 2) {
-    convert(x + kk * ld, rows.data(), n);
-    if (kk + 1 < k) {
-      convert(x + (kk + 1) * ld, rows.data() + n, n);
-    } else {
-      std::fill(rows.begin() + static_cast<std::ptrdiff_t>(n), rows.end(), bfloat16{0});
-    }
-    pack_b(rows.data(), n, 2, n, dst + kk * n);
-  }
-}
-
 // Row col of X is B's column col, and a pair of it is two neighbours of that row: the pairs are
 // X's rows read as 32-bit words, transposed. Blocks of 16 rows keep the reads in a few cache
 // lines each and the writes contiguous.

@@ -131,21 +131,6 @@ TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
     }
 }
 
-// pack_b from float: each element rounded to bfloat16, then laid out as pack_b lays out the
-// rounded matrix (odd k: the zero row), bit for bit.
-TEST(Bf16Gemm, PackingFromFloatRoundsEachElement) {
-  mha::Generator gen(24);
-  for (const auto [k, n, ld] : {std::tuple<size_t, size_t, size_t>{6, 10, 12}, {7, 33, 33}, {1, 5, 8}}) {
-    std::vector<float> x(k * ld);
-    for (float& e : x) e = static_cast<float>(gen.normal());
-    std::vector<bfloat16> rounded(k * ld), expected(bg::packed_size(k, n)), got(bg::packed_size(k, n));
-    for (size_t i = 0; i < x.size(); ++i) rounded[i] = mha::to_bfloat16(x[i]);
-    bg::pack_b(rounded.data(), ld, k, n, expected.data());
-    bg::pack_b(x.data(), ld, k, n, got.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, expected[i].bits) << "k=" << k << " n=" << n << " at " << i;
-  }
-}
-
 // The bf16 instructions and the float32 fallback compute the same exact products and differ only
 // in the order of their float additions: the same within that rounding on an attention tile.
 TEST(Bf16Gemm, NativeAndFallbackAgreeWithinTheirRounding) {

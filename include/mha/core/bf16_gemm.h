@@ -25,9 +25,6 @@ size_t packed_size(size_t k, size_t n);
 // B = X, X k × n (row stride ld) / B = Xᵀ, X n × k (row stride ld): packed into dst
 // (packed_size(k, n) elements).
 void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst);
-// The same from float, each element rounded to bfloat16 (to nearest even, as to_bfloat16): a
-// tile computed in float (attention's probabilities) as the B of a bf16 product.
-void pack_b(const float* x, size_t ld, size_t k, size_t n, bfloat16* dst);
 void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat16* dst);
 
 // C[r][c] (row stride ldc, n columns) = (accumulate: C[r][c] +) Σ_kk A[r][kk]·B[kk][c], A m × k

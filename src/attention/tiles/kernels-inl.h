@@ -293,7 +293,8 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
 }
 
 void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                        const float* dropout, const float* renormalize, const float* cap_slope) {
+                        const float* dropout, const float* renormalize, const float* cap_slope, bfloat16* probs16,
+                        bfloat16* ds16, size_t stride16) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const size_t padded = (cols + N - 1) / N * N;
@@ -308,12 +309,14 @@ void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, 
       if (scaled) prob = hn::Mul(prob, row_scale);
       VF ds = hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta));
       if (cap_slope) ds = hn::Mul(ds, hn::LoadU(d, cap_slope + r * stride + c0));
-      hn::StoreU(ds, d, g + c0);
-      if (dropout) {
-        hn::StoreU(hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0)), d, p + c0);
-      } else if (scaled) {
-        hn::StoreU(prob, d, p + c0);
+      if (dropout) prob = hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0));
+      if (ds16) {  // bfloat16 outputs instead of the float ones
+        mha::HWY_NAMESPACE::StoreAsBFloat16(d, prob, probs16 + r * stride16 + c0);
+        mha::HWY_NAMESPACE::StoreAsBFloat16(d, ds, ds16 + r * stride16 + c0);
+        continue;
       }
+      hn::StoreU(ds, d, g + c0);
+      if (dropout || scaled) hn::StoreU(prob, d, p + c0);
     }
   }
 }

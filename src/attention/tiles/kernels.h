@@ -84,9 +84,12 @@ void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float*
 // written over dprob (which holds dP ∘ dropout), then P ← P ∘ dropout when dropout is not null.
 // Row stride `stride` for all four tiles. With `renormalize` given, row r's
 // P is first multiplied by renormalize[r] (rows whose P from logsumexp must be divided by its sum,
-// backward.cpp), and P is rewritten even without dropout.
+// backward.cpp), and P is rewritten even without dropout. With probs16 and ds16 given (bfloat16
+// operands' backward), P ∘ dropout and dS go there instead, rounded to bfloat16 (row stride
+// stride16), and the float tiles are left as they were.
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                          const float* dropout, const float* renormalize, const float* cap_slope);
+                          const float* dropout, const float* renormalize, const float* cap_slope,
+                          bfloat16* probs16 = nullptr, bfloat16* ds16 = nullptr, size_t stride16 = 0);
 
 // factor[r][c] = kept if dropout_keep(seed, batch_head, i0 + r, j0 + c, p) (mha/core/random.h)
 // else 0, for r < rows, c < cols: the same Philox bits as the reference, N elements at a time.
