@@ -4,8 +4,8 @@ mha beside PyTorch's scaled_dot_product_attention, same shapes, dtypes and threa
 
 Runs `mha bench --decode` (which also measures the machine's read bandwidth: a parallel sum of
 1 GiB), then PyTorch on the same grid: B in {1, 8}, Hq = 32, Hkv in {8, 32}, d = 128,
-S in {1024, 4096, 16384, 32768}, cache float32 and bfloat16 (PyTorch: query, key and value all in
-that dtype, enable_gqa for Hkv < Hq; mha: float32 query, cache in that dtype). Each step reads
+S in {1024, 4096, 16384, 32768}, cache float32 and bfloat16 (both: query, key and value all in
+that dtype; PyTorch with enable_gqa for Hkv < Hq). Each step reads
 another copy of the cache, enough copies to fill 512 MiB, so no last-level cache holds it
 between steps (as each layer of a model reads its own cache). Prints GB/s of keys and values
 read, the fraction of the read bandwidth, and mha / PyTorch; writes build/bench/decode.json.

@@ -93,7 +93,8 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
 // dK = scale·dSᵀQ and dQ = scale·dS·K (as PyTorch's CPU kernel multiplies them). So against the
 // reference in double on the same values, u = 2⁻⁸ (bfloat16's unit roundoff), each result rounded
 // once more (u·|g64|), float's own error within 2⁻¹⁶ of the largest:
-//   |o − o64|       ≤ u·z·max_j |v_je| + u·|o64|           (Σ_j P_j·z·|v_je| ≤ z·max|v|, z = 1/(1 − p))
+//   |o − o64|       ≤ u·z·max_j |v_je| + u·|o64|           (Σ_j P_j·z·|v_je| ≤ z·max|v|, z = 1/(1 − p);
+//                                                            decode's forward: its P·V in float, within it)
 //   |dV − dV64|_je  ≤ u·Σ_i P_ij·|dO_ie| + u·|dV64_je|
 //   |dK − dK64|_je  ≤ u·|scale|·Σ_i |dS_ij|·|q_ie| + u·|dK64_je|
 //   |dQ − dQ64|_ie  ≤ u·|scale|·Σ_j |dS_ij|·|k_je| + u·|dQ64_ie|
@@ -114,10 +115,16 @@ void check_bf16_products(const Case& c, uint64_t seed) {
     return m;
   };
   const double max_v = largest(in.v);
-  for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
-    const double o64 = ref.fwd.output[i], o = widen(h.fwd.output[i]);
-    ASSERT_LE(std::abs(o - o64), u * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v) << "output[" << i << "]";
-  }
+  // decode too (few rows): its Q·Kᵀ on VDPBF16PS, P·V in float (within the same bound).
+  std::vector<std::pair<const char*, Tensor<bfloat16>>> outputs{{"cpu_flash", h.fwd.output}};
+  if (c.q_len <= 16 && !c.need_weights)
+    outputs.emplace_back("decode", run_forward<bfloat16>(c, in, Backend::decode).output);
+  for (const auto& [backend, output] : outputs)
+    for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
+      const double o64 = ref.fwd.output[i], o = widen(output[i]);
+      ASSERT_LE(std::abs(o - o64), u * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v)
+          << backend << " output[" << i << "]";
+    }
   for (int64_t i = 0; i < ref.fwd.logsumexp.numel(); ++i) {
     const double l64 = ref.fwd.logsumexp[i], l = h.fwd.logsumexp[i];
     if (std::isinf(l64)) {
@@ -174,9 +181,10 @@ void check_bf16_products(const Case& c, uint64_t seed) {
 
 TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
-  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}};
-  for (int n = 0; n < 20; ++n) {
-    Case c = sized(1, 2, 2, lengths[n % 5][0], lengths[n % 5][1], n % 3 == 0 ? 64 : 19, n % 2 ? 24 : 64);
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}};
+  for (int n = 0; n < 24; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 6][0], lengths[n % 6][1], n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40,
+                   n % 2 ? 24 : 64);
     vary_options(c, n, heads, 3);
     check_bf16_products(c, 900 + static_cast<uint64_t>(n));
   }

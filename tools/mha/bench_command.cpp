@@ -273,13 +273,15 @@ void decode_row(nlohmann::json& report, int64_t batch, int64_t kv_heads, int64_t
     fill_values(k.back().data(), k.back().numel(), 2 * static_cast<uint64_t>(c));
     fill_values(v.back().data(), v.back().numel(), 2 * static_cast<uint64_t>(c) + 1);
   }
-  Tensor<float> q({batch, heads, 1, d}), out({batch, heads, 1, d});
+  // The query and output in the cache's type, as a model in that type runs (PyTorch's peer too).
+  Tensor<Kv> q({batch, heads, 1, d}), out({batch, heads, 1, d});
   fill_values(q.data(), q.numel(), 7);
   Tensor<double> lse({batch, heads, 1});
-  attention::Options<float> opt;
+  attention::Options<Kv> opt;
   opt.causal = attention::Causal::bottom_right;
   const double t = median_seconds([&] {
-    for (int64_t c = 0; c < copies; ++c) attention::sdpa_forward_into(View<const float>(q), View<const Kv>(k[c]), View<const Kv>(v[c]), {out, lse, {}}, opt);
+    for (int64_t c = 0; c < copies; ++c)
+      attention::sdpa_forward_into<Kv>(View<const Kv>(q), View<const Kv>(k[c]), View<const Kv>(v[c]), {out, lse, {}}, opt);
   }, repeats) / static_cast<double>(copies);
   const double gbs = static_cast<double>(bytes) / t / 1e9;
   std::printf("%-9s %3lld %4lld %7lld %10.3f %8.1f %7.0f%%\n", storage_name<Kv>(), static_cast<long long>(batch),

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "../tiles/tiles.h"
+#include "bf16_kernels.h"
 #include "kernels.h"
 #include "mha/core/half.h"
 
@@ -40,13 +41,16 @@ struct Plan {
   // Rows are read in place (and converted to float as they are loaded) when they are whole
   // vectors; otherwise each block is first converted into a zero-padded float buffer.
   bool stage_k, stage_v;
+  // bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row length, read
+  // in place); the values as the float path reads them.
+  bool bf16;
   size_t dq, dv;
   int64_t chunk, chunks, tasks;
 
-  explicit Plan(const Problem& p)
+  Plan(const Problem& p, bool bf16)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), G(p.group_size()), R(to_size(G * L)),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), N(decode::lanes()), stage_k(Dqk % N != 0),
-        stage_v(Dv % N != 0), dq(round_up(std::max<size_t>(Dqk, 1), N)), dv(round_up(std::max<size_t>(Dv, 1), N)),
+        stage_v(Dv % N != 0), bf16(bf16), dq(round_up(std::max<size_t>(Dqk, 1), N)), dv(round_up(std::max<size_t>(Dv, 1), N)),
         chunk(chunk_keys(R)) {
     // Chunks up to the last key any sequence's rows see; a chunk past a sequence's own range is a
     // task that reads nothing.
@@ -76,14 +80,16 @@ struct Partials {
 // One thread's buffers.
 struct Scratch {
   Buffer<float> k_block, v_block;  // staged blocks (zero padding stays zero)
-  Buffer<float> q_scaled, scores, bias, factors;
+  Buffer<float> q_scaled;
+  Buffer<bfloat16> q16;  // bfloat16 queries as they are, for qk_scores_bf16 (the kernels apply the scale)
+  Buffer<float> scores, bias, factors;
   Buffer<int64_t> first, end;
   Buffer<double> merged;
   int64_t scaled_for = -1;  // the (b, kv head) whose queries q_scaled holds
 
   Scratch(const Plan& n, bool masked, bool dropout)
       : k_block(n.stage_k ? kBlockKeys * n.dq : 0), v_block(n.stage_v ? kBlockKeys * n.dv : 0),
-        q_scaled(n.R * n.dq), scores(std::min(n.R, kBlockRows) * kBlockKeys),
+        q_scaled(n.R * n.dq), q16(n.bf16 ? n.R * n.Dqk : 0), scores(std::min(n.R, kBlockRows) * kBlockKeys),
         bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
         factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
         merged(n.Dv) {}
@@ -103,10 +109,16 @@ template <class T, class Kv>
 void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a,
                   const Plan& n, Partials& part, Scratch& s, int64_t task) {
   const int64_t bkv = task / n.chunks, b = bkv / n.Hkv, kv = bkv % n.Hkv;
-  if (bkv != s.scaled_for) {  // scale·q for the group's rows (the scale folded in once)
+  if (bkv != s.scaled_for) {  // scale·q for the group's rows (the scale folded in once), or q in bfloat16
     for (size_t r = 0; r < n.R; ++r) {
       const auto [h, i] = n.row(kv, r);
       const T* q = a.query.row(b, h, i);
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        if (n.bf16) {
+          std::copy_n(q, n.Dqk, s.q16.data() + r * n.Dqk);
+          continue;
+        }
+      }
       for (size_t e = 0; e < n.Dqk; ++e) s.q_scaled[r * n.dq + e] = static_cast<float>(p.scale) * widen(q[e]);
     }
     s.scaled_for = bkv;
@@ -131,15 +143,19 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       return staged ? Operand<Kv>{nullptr, block.data(), padded}
                     : Operand<Kv>{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
     };
-    const Operand<Kv> k = operand(a.key, n.stage_k, s.k_block, n.Dqk, n.dq);
+    const Operand<Kv> k = operand(a.key, n.stage_k && !n.bf16, s.k_block, n.Dqk, n.dq);
     const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
 
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
-      if (k.staged) {
+      const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
+      if (n.bf16) {  // on the bf16 instructions, the keys in place, q unscaled (t.scale below)
+        if constexpr (std::is_same_v<Kv, bfloat16>)
+          decode::qk_scores_bf16(s.q16.data() + r0 * n.Dqk, n.Dqk, rows, k.rows, k.stride, cols, n.Dqk, s.scores.data(),
+                                 Bc, prefetch_v ? v.rows : nullptr, v.stride);
+      } else if (k.staged) {
         decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.staged, k.stride, cols, n.dq, s.scores.data(), Bc);
       } else {  // the first row block prefetches these keys' values (read in place, rows as long)
-        const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
         decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.rows, k.stride, cols, n.dq, s.scores.data(), Bc,
                           prefetch_v ? v.rows : nullptr, v.stride);
       }
@@ -147,8 +163,9 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
                                        s.factors.size() ? s.factors.data() : nullptr, nullptr, s.first.data(),
                                        s.end.data()};
-      const tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
-                                                  [&](size_t r) { return n.row(kv, r0 + r); });
+      tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
+                                            [&](size_t r) { return n.row(kv, r0 + r); });
+      if (n.bf16) t.scale = static_cast<float>(p.scale);
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
       if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
@@ -201,7 +218,7 @@ template <class T, class Kv>
 void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
-  const Plan n(p);
+  const Plan n(p, std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && decode::bf16_scores());
   Partials part(n);
 #pragma omp parallel
   {
