@@ -181,9 +181,11 @@ void check_bf16_products(const Case& c, uint64_t seed) {
 
 TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
-  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}};
-  for (int n = 0; n < 24; ++n) {
-    Case c = sized(1, 2, 2, lengths[n % 6][0], lengths[n % 6][1], n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40,
+  // The last length is past kLongKeys (blocks.h): the forward's shared pack, the backward's two
+  // sweeps over key segments.
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
+  for (int n = 0; n < 28; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40,
                    n % 2 ? 24 : 64);
     vary_options(c, n, heads, 3);
     check_bf16_products(c, 900 + static_cast<uint64_t>(n));
