@@ -5,7 +5,7 @@
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 Shapes, defaults and masks are PyTorch's torch.nn.functional.scaled_dot_product_attention's;
-float32 and float64. Arrays are read in place (no copy) when their last dimension is contiguous;
+float32, float64, float16 and bfloat16 (ml_dtypes.bfloat16). Arrays are read in place (no copy) when their last dimension is contiguous;
 outputs are new arrays. mha.torch (imported on its own, `import mha.torch`) has the PyTorch
 operators, autograd and torch.compile included. docs/python.md has the details.
 """
@@ -28,7 +28,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): rank 2 or more, leading
     dimensions broadcast; Hkv must equal Hq (or broadcast) unless enable_gqa, which lets it be any
-    divisor of Hq. float32 or float64, all three the same.
+    divisor of Hq. float32, float64, float16 or bfloat16 (ml_dtypes.bfloat16), all three the same;
+    the result has their dtype (half types computed in float, docs/bfloat16.md).
     attn_mask: broadcastable to (..., L, S); bool (True = may attend) or query's dtype (added to
     the scores, -inf blocks). Not allowed together with is_causal.
     is_causal: query i sees keys j <= i (top-left aligned, as PyTorch).
