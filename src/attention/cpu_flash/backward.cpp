@@ -39,6 +39,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "blocks.h"
 #include "cpu_flash.h"
@@ -196,10 +197,20 @@ struct Scratch {
   bool fully_masked(size_t r) const { return lse_hi[r] == std::numeric_limits<float>::infinity(); }  // split_logsumexp
 };
 
-// gradient (+)= value, stored as T (float, bfloat16, float16).
+// gradient[0, n) += values[0, n), stored as T: a float gradient in place; a bfloat16 or float16 one
+// widened, added to and rounded back by the vector conversions (mha/core/half.h; as narrow<T>
+// rounds), values serving as the scratch.
 template <class T>
-void add_to(T& gradient, float value) {
-  gradient = narrow<T>(widen(gradient) + value);
+void add_row(T* gradient, float* values, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (size_t i = 0; i < n; ++i) gradient[i] += values[i];
+  } else {
+    thread_local std::vector<float> widened;
+    widened.resize(n);
+    convert(gradient, widened.data(), n);
+    for (size_t i = 0; i < n; ++i) values[i] += widened[i];
+    convert(values, gradient, n);
+  }
 }
 
 // The backward of one call: the plan, what every thread shares, and the steps. T: the operands'
@@ -470,8 +481,9 @@ class Backward {
     const float scale = static_cast<float>(p_.scale);
     for (size_t r = 0; r < rows; ++r) {
       if (s.fully_masked(r)) continue;
-      T* grad_q = a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r));
-      for (size_t d = 0; d < Dqk; ++d) add_to(grad_q[d], scale * s.dq[r * n_.dqk_padded + d]);
+      float* dq = s.dq.data() + r * n_.dqk_padded;
+      for (size_t d = 0; d < Dqk; ++d) dq[d] *= scale;
+      add_row(a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r)), dq, Dqk);
     }
   }
 
@@ -480,11 +492,14 @@ class Backward {
   void add_kv_gradients(const float* sum, int64_t kv, int64_t seg) const {
     const float scale = static_cast<float>(p_.scale);
     const int64_t s0 = segment_start(seg);
+    std::vector<float> column(n_.Dqk + n_.Dv);  // key j's dK and dV, gathered from the columns
     for (size_t j = 0; j < segment_keys(seg); ++j) {
       T* dk = a_.grad_key.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
       T* dv = a_.grad_value.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
-      for (size_t d = 0; d < n_.Dqk; ++d) add_to(dk[d], scale * sum[d * n_.key_stride + j]);
-      for (size_t d = 0; d < n_.Dv; ++d) add_to(dv[d], sum[(n_.Dqk + d) * n_.key_stride + j]);
+      for (size_t d = 0; d < n_.Dqk; ++d) column[d] = scale * sum[d * n_.key_stride + j];
+      for (size_t d = 0; d < n_.Dv; ++d) column[n_.Dqk + d] = sum[(n_.Dqk + d) * n_.key_stride + j];
+      add_row(dk, column.data(), n_.Dqk);
+      add_row(dv, column.data() + n_.Dqk, n_.Dv);
     }
   }
 

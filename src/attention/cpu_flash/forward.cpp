@@ -186,7 +186,13 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
     }
     lse = static_cast<double>(s.row_max[r]) + std::log(s.row_sum[r]);
     const float inv_sum = static_cast<float>(1.0 / s.row_sum[r]);
-    for (size_t c = 0; c < Dv; ++c) o[c] = narrow<T>(s.out[r * dv_padded + c] * inv_sum);
+    float* row = s.out.data() + r * dv_padded;
+    if constexpr (std::is_same_v<T, float>) {
+      for (size_t c = 0; c < Dv; ++c) o[c] = row[c] * inv_sum;
+    } else {  // the vector conversion (mha/core/half.h), as narrow<T> rounds
+      for (size_t c = 0; c < Dv; ++c) row[c] *= inv_sum;
+      convert(row, o, Dv);
+    }
   }
 
   // 3. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from

@@ -105,6 +105,23 @@ HWY_INLINE VF Capped(DF d, VF x, float cap) {
   return hn::IfThenElse(small, near_zero, far);
 }
 
+// v's lanes at p as bfloat16, rounded to nearest even, for the bf16 products' operands (P, dS),
+// which the kernels write only where the CPU has AVX512_BF16 (ScoreTile::probs_bf16,
+// score_gradients_tile's ds16). On the AVX-512 targets that is VCVTNEPS2BF16, one instruction where
+// the integer rounding takes nine, by inline assembly: Highway 1.0.3 has no op for it and these
+// targets' compile flags lack the feature. It flushes subnormal inputs to 0 (P or dS below 1.2e-38,
+// which weigh nothing next to the rest); the other targets round as to_bfloat16.
+HWY_INLINE void StoreBF16(DF d, VF v, bfloat16* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)d;
+  __m256i bits;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+#else
+  mha::HWY_NAMESPACE::StoreAsBFloat16(d, v, p);
+#endif
+}
+
 // What the row's scores at columns [c0, c0 + N) are before the key range: cap(q·k) + bias.
 HWY_INLINE VF Scores(DF d, const ScoreTile& t, const float* s, const float* bias, size_t c0) {
   VF x = hn::LoadU(d, s + c0);
@@ -210,7 +227,7 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
       const VF prob = ExpOfNonPositive(d, hn::Sub(hn::LoadU(d, s + c0), vshift));
       const VF kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
       if (s_bf16) {
-        mha::HWY_NAMESPACE::StoreAsBFloat16(d, kept, s_bf16 + c0);
+        StoreBF16(d, kept, s_bf16 + c0);
       } else {
         hn::StoreU(kept, d, s + c0);
       }
@@ -311,8 +328,8 @@ void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, 
       if (cap_slope) ds = hn::Mul(ds, hn::LoadU(d, cap_slope + r * stride + c0));
       if (dropout) prob = hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0));
       if (ds16) {  // bfloat16 outputs instead of the float ones
-        mha::HWY_NAMESPACE::StoreAsBFloat16(d, prob, probs16 + r * stride16 + c0);
-        mha::HWY_NAMESPACE::StoreAsBFloat16(d, ds, ds16 + r * stride16 + c0);
+        StoreBF16(d, prob, probs16 + r * stride16 + c0);
+        StoreBF16(d, ds, ds16 + r * stride16 + c0);
         continue;
       }
       hn::StoreU(ds, d, g + c0);

@@ -46,8 +46,8 @@ struct ScoreTile {
   // operands, whose scale·q would not be a bfloat16); 1 where they hold scale·q·k.
   float scale = 1.0f;
   // When given, online_softmax_tile writes the tile's probabilities here as bfloat16 (rounded to
-  // nearest even, row stride `stride`: the A operand of O += P·V on bfloat16 operands) instead of
-  // into `scores`.
+  // nearest even, subnormals to 0 on AVX-512; row stride `stride`: the A operand of O += P·V on
+  // bfloat16 operands) instead of into `scores`. Only where the CPU has AVX512_BF16.
   bfloat16* probs_bf16 = nullptr;
   const float* bias = nullptr;
   const int64_t* first_visible = nullptr;
@@ -85,8 +85,9 @@ void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float*
 // Row stride `stride` for all four tiles. With `renormalize` given, row r's
 // P is first multiplied by renormalize[r] (rows whose P from logsumexp must be divided by its sum,
 // backward.cpp), and P is rewritten even without dropout. With probs16 and ds16 given (bfloat16
-// operands' backward), P ∘ dropout and dS go there instead, rounded to bfloat16 (row stride
-// stride16), and the float tiles are left as they were.
+// operands' backward, only where the CPU has AVX512_BF16), P ∘ dropout and dS go there instead,
+// rounded to bfloat16 as probs_bf16 is (row stride stride16), and the float tiles are left as
+// they were.
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
                           const float* dropout, const float* renormalize, const float* cap_slope,
                           bfloat16* probs16 = nullptr, bfloat16* ds16 = nullptr, size_t stride16 = 0);
