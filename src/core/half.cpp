@@ -12,8 +12,6 @@ namespace mha::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
-using DU32 = hn::RebindToUnsigned<DF>;
-using DU16 = hn::Rebind<uint16_t, DF>;  // as many 16-bit lanes as DF has floats
 using DH = hn::Rebind<hwy::float16_t, DF>;
 
 // bfloat16/float16 → float, LoadAsFloat's vectors (mha/core/half-inl.h), the scalar tail.
