@@ -417,7 +417,12 @@ NB_MODULE(_mha, m) {
         "Whether bfloat16 attention's products run on the CPU's bf16 instructions (AVX512_BF16) here.");
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.
   nb::class_<mha::models::SentenceEncoder>(m, "SentenceEncoder")
-      .def(nb::init<const std::string&>(), "directory"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "__init__",
+          [](mha::models::SentenceEncoder* self, const std::string& directory, const std::string& dtype) {
+            new (self) mha::models::SentenceEncoder(directory, mha::models::dtype_from_name(dtype));
+          },
+          "directory"_a, "dtype"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "encode",
           [](const mha::models::SentenceEncoder& encoder, const std::vector<std::string>& sentences,
@@ -432,5 +437,6 @@ NB_MODULE(_mha, m) {
           },
           "sentences"_a, "batch_size"_a, "num_threads"_a)
       .def_prop_ro("dimension", &mha::models::SentenceEncoder::dimension)
+      .def_prop_ro("dtype", [](const mha::models::SentenceEncoder& e) { return std::string(mha::models::dtype_name(e.dtype())); })
       .def_prop_ro("max_seq_length", &mha::models::SentenceEncoder::max_seq_length);
 }

@@ -41,6 +41,30 @@ def test_matches_sentence_transformers_goldens(encoder, golden):
     assert cosine.min() >= 0.99999
 
 
+def test_bfloat16_within_twice_sentence_transformers_bfloat16(golden):
+    """Issue 26's bar: each embedding at most twice as far (Euclidean) from the float64 model's as
+    sentence-transformers' own bfloat16 embedding (model.to(torch.bfloat16)); the thread count
+    changes nothing."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    sentences, t = golden
+    for dtype in ("bfloat16", ml_dtypes.bfloat16, np.dtype(ml_dtypes.bfloat16)):
+        enc = mha.SentenceEncoder(MODEL, dtype=dtype)
+        assert enc.dtype == "bfloat16"
+    ours = enc.encode(sentences)
+    assert ours.shape == (len(sentences), 384) and ours.dtype == np.float32
+    f64 = t["embedding_f64"]
+    ours_d = np.linalg.norm(ours - f64, axis=1)
+    torch_d = np.linalg.norm(t["embedding_bf16"].astype(np.float64) - f64, axis=1)
+    assert (ours_d <= 2 * torch_d).all(), (ours_d / torch_d).max()
+    saved = mha.get_num_threads()
+    try:
+        mha.set_num_threads(1)
+        assert np.array_equal(enc.encode(sentences), ours)
+    finally:
+        mha.set_num_threads(saved)
+    assert mha.SentenceEncoder(MODEL, dtype=np.float32).dtype == "float32"
+
+
 def test_batch_size_and_threads_change_nothing(encoder, golden):
     sentences = golden[0][:12]
     base = encoder.encode(sentences)
@@ -79,6 +103,10 @@ def test_bad_arguments(encoder, tmp_path):
             encoder.encode(["x"], batch_size=bad)
     with pytest.raises(TypeError, match="model_dir"):
         mha.SentenceEncoder(42)
+    with pytest.raises(mha.ArgumentError, match=r'dtype: expected "float32" or "bfloat16", got "float16"'):
+        mha.SentenceEncoder(MODEL, dtype=np.float16)
+    with pytest.raises(TypeError, match="dtype: expected"):
+        mha.SentenceEncoder(MODEL, dtype=object())
     with pytest.raises(mha.ArgumentError, match="vocab.txt: cannot open"):
         mha.SentenceEncoder(tmp_path)
     broken = tmp_path / "broken"

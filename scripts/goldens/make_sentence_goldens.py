@@ -9,6 +9,8 @@ Writes tests/goldens/sentence/minilm.safetensors:
                (padding=True, truncation=True, max_length=max_seq_length=256)
   embedding_f32, embedding_f64   (N, 384): SentenceTransformer's sentence_embedding
                (Transformer -> mean Pooling -> Normalize)
+  embedding_bf16 (N, 384) F32: the same with the model in bfloat16 (model.to(torch.bfloat16)),
+               its embeddings widened to float: the bar of mha's bfloat16 encoder
   hidden_f32, hidden_f64         (2, L2, 384): last_hidden_state of the first two sentences,
                padded to the longer of the two (attention_mask rows 0 and 1 say which are real)
 
@@ -93,6 +95,8 @@ def main():
         f32 = model(dict(features))
         model64 = SentenceTransformer(MODEL, device="cpu").double().eval()
         f64 = model64(dict(features))
+        model16 = SentenceTransformer(MODEL, device="cpu").to(torch.bfloat16).eval()
+        bf16 = model16(dict(features))
     two = {k: v[:2] for k, v in features.items()}
     longer = int(two["attention_mask"].sum(1).max())
     two = {k: v[:, :longer] for k, v in two.items()}
@@ -106,6 +110,7 @@ def main():
         "attention_mask": features["attention_mask"].to(torch.int64),
         "embedding_f32": f32["sentence_embedding"].float(),
         "embedding_f64": f64["sentence_embedding"].double(),
+        "embedding_bf16": bf16["sentence_embedding"].float(),
         "hidden_f32": h32.float(),
         "hidden_f64": h64.double(),
     }

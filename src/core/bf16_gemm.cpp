@@ -3,6 +3,7 @@
 #include "mha/core/bf16_gemm.h"
 
 #include <libxsmm.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -137,5 +138,66 @@ bool native() { return !forced_fallback.load(std::memory_order_relaxed) && cpu_h
 
 ScopedFloat32Fallback::ScopedFloat32Fallback() : saved_(forced_fallback.exchange(true)) {}
 ScopedFloat32Fallback::~ScopedFloat32Fallback() { forced_fallback.store(saved_); }
+
+PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what) : what_(what) {
+  check(weight.dim() == 2 && row_major(weight), what, ": weight: expected a contiguous 2-D (out_features, "
+        "in_features) view, got shape ", weight.shape(), " with strides ", weight.strides());
+  out_ = weight.size(0);
+  in_ = weight.size(1);
+  if (bias.defined()) {
+    check(bias.shape() == Shape{out_} && row_major(bias), what, ": bias: expected a contiguous (", out_,
+          ") view, got shape ", bias.shape());
+    bias_ = Tensor<float>::uninitialized({out_});
+    std::copy_n(bias.data(), out_, bias_.data());
+  }
+  Tensor<bfloat16> rounded = Tensor<bfloat16>::uninitialized({out_, in_});
+  convert(weight.data(), rounded.data(), static_cast<size_t>(out_ * in_));
+  const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
+  packed_ = Tensor<bfloat16>::uninitialized({static_cast<int64_t>(packed_size(in, out))});
+  if (packed_.numel() > 0) pack_b_transposed(rounded.data(), in, out, in, packed_.data());
+}
+
+Tensor<bfloat16> PackedLinear::forward(View<const bfloat16> x) const {
+  check(x.dim() >= 1, what_, ": input: expected (..., ", in_, "), got shape ", x.shape());
+  Shape shape = x.shape();
+  shape.back() = out_;
+  Tensor<bfloat16> y = Tensor<bfloat16>::uninitialized(shape);
+  forward(x, y);
+  return y;
+}
+
+void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilogue& epilogue) const {
+  check(x.dim() >= 1 && x.shape().back() == in_ && row_major(x), what_, ": input: expected a contiguous (..., ",
+        in_, ") view, got shape ", x.shape(), " with strides ", x.strides());
+  Shape expected = x.shape();
+  expected.back() = out_;
+  check(y.shape() == expected && row_major(y), what_, ": output: expected a contiguous view of shape ", expected,
+        ", got shape ", y.shape(), " with strides ", y.strides());
+  const int64_t m = out_ == 0 ? 0 : y.numel() / out_;
+  if (m == 0) return;
+  // Jobs of up to kBlock rows × kBlock columns, in row-major order (a thread's consecutive jobs
+  // share the rows of x); the weight's block for 64 columns is 64·in bfloat16s (48 KiB at 384).
+  constexpr int64_t kBlock = 64;
+  const int64_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (out_ + kBlock - 1) / kBlock;
+  const int64_t jobs = row_blocks * col_blocks;
+  const bool parallel = !omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1;
+  const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t job = 0; job < jobs; ++job) {
+    const int64_t r0 = job / col_blocks * kBlock, c0 = job % col_blocks * kBlock;
+    const int64_t rows = std::min(kBlock, m - r0), cols = std::min(kBlock, out_ - c0);
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<size_t>(rows * cols));
+    const bfloat16* b = in_ > 0 ? packed_.data() + 2 * c0 : nullptr;  // k = 0 reads no B
+    multiply(static_cast<size_t>(rows), static_cast<size_t>(cols), in, x.data() + r0 * in_, in, b, out, tile.data(), static_cast<size_t>(cols), false);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* values = tile.data() + r * cols;
+      if (bias_.defined())
+        for (int64_t j = 0; j < cols; ++j) values[j] += bias_[c0 + j];
+      if (epilogue) epilogue(r0 + r, c0, values, cols);
+      convert(values, y.data() + (r0 + r) * out_ + c0, static_cast<size_t>(cols));
+    }
+  }
+}
 
 }  // namespace mha::bf16_gemm

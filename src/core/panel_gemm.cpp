@@ -330,7 +330,10 @@ void PackedLinear::forward(View<const float> x, View<float> y, const Epilogue& e
         for (int64_t r = 0; r < nrows; ++r)
           for (int64_t j = c0; j < c1; ++j) c[r * out_ + j] += bias_[j];
       }
-      if (epilogue) epilogue(r0, nrows, p0 * W, std::min(out_, p1 * W) - p0 * W);
+      if (epilogue) {
+        const int64_t c0 = p0 * W, c1 = std::min(out_, p1 * W);
+        for (int64_t r = 0; r < nrows; ++r) epilogue(r0 + r, c0, c + r * out_ + c0, c1 - c0);
+      }
     }
   }
 }

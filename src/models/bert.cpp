@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "json_file.h"
@@ -248,16 +249,23 @@ Tensor<T> BertModel<T>::forward(const Tensor<int64_t>& input_ids, const Tensor<i
 template class BertModel<float>;
 template class BertModel<double>;
 
-PackedBert::PackedBert(BertModel<float>& model) : model_(&model) {
+template <class T>
+PackedBert<T>::PackedBert(BertModel<float>& model) : model_(&model) {
   layers_.reserve(model.layers.size());
   for (auto& layer : model.layers) layers_.emplace_back(layer);
 }
 
-Tensor<float> PackedBert::forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const {
+template <class T>
+Tensor<T> PackedBert<T>::forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const {
   const Tensor<bool> padding = key_padding_mask(attention_mask, input_ids.shape());
-  Tensor<float> x = model_->embed(input_ids);
+  Tensor<T> x;
+  if constexpr (std::is_same_v<T, float>) x = model_->embed(input_ids);
+  else x = cast<T>(model_->embed(input_ids));
   for (const auto& layer : layers_) x = layer.forward(x, padding);
   return x;
 }
+
+template class PackedBert<float>;
+template class PackedBert<bfloat16>;
 
 }  // namespace mha::models

@@ -8,6 +8,7 @@
 
 #include "json_file.h"
 #include "mha/core/error.h"
+#include "mha/core/escape.h"
 
 namespace mha::models {
 namespace {
@@ -43,6 +44,14 @@ Pooling read_pooling(const std::string& path, int64_t hidden_size) {
 
 }  // namespace
 
+Dtype dtype_from_name(const std::string& name, const std::string& what) {
+  if (name == "float32" || name == "float") return Dtype::float32;
+  if (name == "bfloat16" || name == "bf16") return Dtype::bfloat16;
+  throw Error(what + ": expected \"float32\" or \"bfloat16\", got \"" + escape(name) + "\"");
+}
+
+const char* dtype_name(Dtype dtype) { return dtype == Dtype::bfloat16 ? "bfloat16" : "float32"; }
+
 int64_t model_max_length(const std::string& directory, const WordPieceTokenizer& tokenizer) {
   using namespace detail;
   int64_t length = tokenizer.config().model_max_length;
@@ -66,7 +75,7 @@ int64_t model_max_length(const std::string& directory, const WordPieceTokenizer&
   return length;
 }
 
-SentenceEncoder::SentenceEncoder(const std::string& directory)
+SentenceEncoder::SentenceEncoder(const std::string& directory, Dtype dtype)
     : tokenizer_(WordPieceTokenizer::from_directory(directory)),
       model_(std::make_unique<BertModel<float>>(BertModel<float>::from_directory(directory))) {
   using namespace detail;
@@ -99,7 +108,9 @@ SentenceEncoder::SentenceEncoder(const std::string& directory)
     }
     check(have_transformer && have_pooling, modules_path, ": expected a Transformer and a Pooling module");
   }
-  packed_ = std::make_unique<PackedBert>(*model_);
+  dtype_ = dtype;
+  if (dtype == Dtype::bfloat16) packed_bfloat16_ = std::make_unique<PackedBert<bfloat16>>(*model_);
+  else packed_ = std::make_unique<PackedBert<float>>(*model_);
 }
 
 Tensor<float> pool(const Tensor<float>& hidden, const Tensor<int64_t>& attention_mask, Pooling pooling,
@@ -137,7 +148,9 @@ Tensor<float> pool(const Tensor<float>& hidden, const Tensor<int64_t>& attention
 }
 
 Tensor<float> SentenceEncoder::encode_tokens(const TokenizedBatch& batch) const {
-  return pool(packed_->forward(batch.input_ids, batch.attention_mask), batch.attention_mask, pooling_, normalize_);
+  const Tensor<float> hidden = packed_ ? packed_->forward(batch.input_ids, batch.attention_mask)
+                                       : cast<float>(packed_bfloat16_->forward(batch.input_ids, batch.attention_mask));
+  return pool(hidden, batch.attention_mask, pooling_, normalize_);
 }
 
 Tensor<float> SentenceEncoder::encode(const std::vector<std::string>& sentences, int64_t batch_size,

@@ -5,6 +5,22 @@
 #include <utility>
 
 namespace mha::nn {
+namespace {
+
+// x read as double (bfloat16 widened first).
+template <class T>
+double wide(T x) {
+  return static_cast<double>(widen(x));
+}
+
+// g += v, rounded once for float and double, and in float then once to bfloat16 for bfloat16.
+template <class T>
+void add_to(T& g, double v) {
+  if constexpr (is_half_v<T>) g = narrow<T>(widen(g) + static_cast<float>(v));
+  else g += static_cast<T>(v);
+}
+
+}  // namespace
 
 template <class T>
 LayerNorm<T>::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool use_bias)
@@ -20,10 +36,10 @@ LayerNorm<T>::LayerNorm(Shape normalized_shape, double eps, bool elementwise_aff
   group_size_ = checked_numel(normalized_shape_, "LayerNorm: normalized_shape");
   check(std::isfinite(eps) && eps >= 0, "LayerNorm: eps: expected a finite value >= 0, got ", eps);
   if (affine_) {
-    weight = Tensor<T>(normalized_shape_, T{1});
+    weight = Tensor<T>(normalized_shape_, narrow<T>(1.0));
     grad_weight = Tensor<T>(normalized_shape_);
     if (has_bias_) {
-      bias = Tensor<T>(normalized_shape_, T{0});
+      bias = Tensor<T>(normalized_shape_, narrow<T>(0.0));
       grad_bias = Tensor<T>(normalized_shape_);
     }
   }
@@ -54,8 +70,9 @@ Tensor<T> LayerNorm<T>::forward(const Tensor<T>& x, Cache* cache) const {
   const int64_t groups = x.numel() / n;
   Tensor<T> y = Tensor<T>::uninitialized(x.shape());
   // Without a cache (inference) nothing is kept for backward.
-  Tensor<T> normalized = cache != nullptr ? Tensor<T>::uninitialized(x.shape()) : Tensor<T>();
-  Tensor<T> rstd(Shape(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k)));
+  using W = widened_t<T>;
+  Tensor<W> normalized = cache != nullptr ? Tensor<W>::uninitialized(x.shape()) : Tensor<W>();
+  Tensor<W> rstd(Shape(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k)));
   const T* px = x.data();
   const T* w = affine_ ? weight.data() : nullptr;
   const T* b = has_bias_ ? bias.data() : nullptr;
@@ -64,25 +81,25 @@ Tensor<T> LayerNorm<T>::forward(const Tensor<T>& x, Cache* cache) const {
   for (int64_t g = 0; g < groups; ++g) {
     const T* xr = px + g * n;
     double mean = 0;
-    for (int64_t i = 0; i < n; ++i) mean += static_cast<double>(xr[i]);
+    for (int64_t i = 0; i < n; ++i) mean += wide(xr[i]);
     mean /= static_cast<double>(n);
     double var = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double d = static_cast<double>(xr[i]) - mean;
+      const double d = wide(xr[i]) - mean;
       var += d * d;
     }
     var /= static_cast<double>(n);
     const double r = 1.0 / std::sqrt(var + eps_);
-    rstd[g] = static_cast<T>(r);
-    T* nr = normalized.defined() ? normalized.data() + g * n : nullptr;
+    rstd[g] = static_cast<W>(r);
+    W* nr = normalized.defined() ? normalized.data() + g * n : nullptr;
     T* yr = y.data() + g * n;
     for (int64_t i = 0; i < n; ++i) {
-      const double xhat = (static_cast<double>(xr[i]) - mean) * r;
-      if (nr != nullptr) nr[i] = static_cast<T>(xhat);
+      const double xhat = (wide(xr[i]) - mean) * r;
+      if (nr != nullptr) nr[i] = static_cast<W>(xhat);
       double v = xhat;
-      if (w != nullptr) v *= static_cast<double>(w[i]);
-      if (b != nullptr) v += static_cast<double>(b[i]);
-      yr[i] = static_cast<T>(v);
+      if (w != nullptr) v *= wide(w[i]);
+      if (b != nullptr) v += wide(b[i]);
+      yr[i] = narrow<T>(v);
     }
   }
   if (cache != nullptr) {
@@ -113,12 +130,12 @@ Tensor<T> LayerNorm<T>::backward(const Tensor<T>& grad_output, const Cache& cach
   std::vector<double> gb(has_bias_ ? static_cast<size_t>(n) : 0, 0.0);
   for (int64_t g = 0; g < groups; ++g) {
     const T* gy = grad_output.data() + g * n;
-    const T* xh = cache.normalized.data() + g * n;
+    const widened_t<T>* xh = cache.normalized.data() + g * n;
     // dxhat = grad_y · weight; grad_x = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat))
     double sum_d = 0, sum_dx = 0;
     for (int64_t i = 0; i < n; ++i) {
       const double d =
-          static_cast<double>(gy[i]) * (w != nullptr ? static_cast<double>(w[i]) : 1.0);
+          wide(gy[i]) * (w != nullptr ? wide(w[i]) : 1.0);
       sum_d += d;
       sum_dx += d * static_cast<double>(xh[i]);
     }
@@ -128,17 +145,17 @@ Tensor<T> LayerNorm<T>::backward(const Tensor<T>& grad_output, const Cache& cach
     T* gx = grad_x.data() + g * n;
     for (int64_t i = 0; i < n; ++i) {
       const double d =
-          static_cast<double>(gy[i]) * (w != nullptr ? static_cast<double>(w[i]) : 1.0);
-      gx[i] = static_cast<T>(r * (d - mean_d - static_cast<double>(xh[i]) * mean_dx));
+          wide(gy[i]) * (w != nullptr ? wide(w[i]) : 1.0);
+      gx[i] = narrow<T>(r * (d - mean_d - static_cast<double>(xh[i]) * mean_dx));
       if (affine_)
-        gw[static_cast<size_t>(i)] += static_cast<double>(gy[i]) * static_cast<double>(xh[i]);
-      if (has_bias_) gb[static_cast<size_t>(i)] += static_cast<double>(gy[i]);
+        gw[static_cast<size_t>(i)] += wide(gy[i]) * static_cast<double>(xh[i]);
+      if (has_bias_) gb[static_cast<size_t>(i)] += wide(gy[i]);
     }
   }
   for (int64_t i = 0; i < (affine_ ? n : 0); ++i)
-    grad_weight[i] += static_cast<T>(gw[static_cast<size_t>(i)]);
+    add_to(grad_weight[i], gw[static_cast<size_t>(i)]);
   for (int64_t i = 0; i < (has_bias_ ? n : 0); ++i)
-    grad_bias[i] += static_cast<T>(gb[static_cast<size_t>(i)]);
+    add_to(grad_bias[i], gb[static_cast<size_t>(i)]);
   return grad_x;
 }
 
@@ -152,5 +169,6 @@ std::vector<Parameter<T>> LayerNorm<T>::parameters() {
 
 template class LayerNorm<float>;
 template class LayerNorm<double>;
+template class LayerNorm<bfloat16>;
 
 }  // namespace mha::nn

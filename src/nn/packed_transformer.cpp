@@ -23,38 +23,59 @@ View<const float> parameter(const std::map<std::string, Tensor<float>*>& params,
   return it == params.end() ? View<const float>() : View<const float>(*it->second);
 }
 
-LayerNorm<float> copy_norm(const std::map<std::string, Tensor<float>*>& params, const std::string& name,
-                           const TransformerEncoderLayerOptions& o) {
-  LayerNorm<float> norm(o.d_model, o.layer_norm_eps, true, o.bias);
-  norm.weight = *params.at(name + ".weight");
-  if (o.bias) norm.bias = *params.at(name + ".bias");
+// The layer's LayerNorm `name` with its parameters as T (rounded once for bfloat16).
+template <class T>
+LayerNorm<T> copy_norm(const std::map<std::string, Tensor<float>*>& params, const std::string& name,
+                       const TransformerEncoderLayerOptions& o) {
+  LayerNorm<T> norm(o.d_model, o.layer_norm_eps, true, o.bias);
+  norm.weight = cast<T>(*params.at(name + ".weight"));
+  if (o.bias) norm.bias = cast<T>(*params.at(name + ".bias"));
   return norm;
 }
 
-// An epilogue adding residual rows (width `width`) to the same block of `out`.
-panel_gemm::PackedLinear::Epilogue add_rows(float* out, const float* residual, int64_t width) {
-  return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
-    for (int64_t r = row; r < row + rows; ++r)
-      for (int64_t j = col; j < col + cols; ++j) out[r * width + j] += residual[r * width + j];
+// An epilogue adding the residual's row (width `width`) to the finished values of the same row.
+template <class T>
+auto add_residual(const T* residual, int64_t width) {
+  return [=](int64_t row, int64_t col, float* values, int64_t count) {
+    const T* r = residual + row * width + col;
+    for (int64_t j = 0; j < count; ++j) values[j] += widen(r[j]);
   };
+}
+
+// The attention core's options in T from the module's (float) ones: the layer passes only a bool
+// key padding mask, so there is no float mask, sink or slope to convert.
+template <class T>
+attention::Options<T> options_as(const attention::Options<float>& from) {
+  if constexpr (std::is_same_v<T, float>) {
+    return from;
+  } else {
+    check(!from.additive_mask.defined() && !from.sinks.defined() && !from.alibi_slopes.defined(),
+          "PackedTransformerEncoderLayer: internal: a float mask, sinks or slopes in a bfloat16 layer");
+    attention::Options<T> to;
+    static_cast<attention::Scoring&>(to) = from;
+    to.attend_mask = from.attend_mask;
+    return to;
+  }
 }
 
 }  // namespace
 
-PackedTransformerEncoderLayer::PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer)
+template <class T>
+PackedTransformerEncoderLayer<T>::PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer)
     : options_(layer.options()), attention_options_(layer.self_attn.options()), norm1_(1), norm2_(1) {
   const auto params = parameters_by_name(layer);
-  in_proj_ = panel_gemm::PackedLinear(parameter(params, "self_attn.in_proj_weight"),
+  in_proj_ = Linear(parameter(params, "self_attn.in_proj_weight"),
                                       parameter(params, "self_attn.in_proj_bias"), "self_attn.in_proj");
-  out_proj_ = panel_gemm::PackedLinear(parameter(params, "self_attn.out_proj.weight"),
+  out_proj_ = Linear(parameter(params, "self_attn.out_proj.weight"),
                                        parameter(params, "self_attn.out_proj.bias"), "self_attn.out_proj");
-  linear1_ = panel_gemm::PackedLinear(parameter(params, "linear1.weight"), parameter(params, "linear1.bias"), "linear1");
-  linear2_ = panel_gemm::PackedLinear(parameter(params, "linear2.weight"), parameter(params, "linear2.bias"), "linear2");
-  norm1_ = copy_norm(params, "norm1", options_);
-  norm2_ = copy_norm(params, "norm2", options_);
+  linear1_ = Linear(parameter(params, "linear1.weight"), parameter(params, "linear1.bias"), "linear1");
+  linear2_ = Linear(parameter(params, "linear2.weight"), parameter(params, "linear2.bias"), "linear2");
+  norm1_ = copy_norm<T>(params, "norm1", options_);
+  norm2_ = copy_norm<T>(params, "norm2", options_);
 }
 
-Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View<const bool> key_padding_mask) const {
+template <class T>
+Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> src, View<const bool> key_padding_mask) const {
   const int64_t E = options_.d_model, H = options_.nhead, hd = E / H;
   check(src.dim() == 3 && src.size(2) == E && row_major(src), "PackedTransformerEncoderLayer: src: expected a "
         "contiguous (N, L, ", E, ") view, got shape ", src.shape(), " with strides ", src.strides());
@@ -66,14 +87,14 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
 
   // Self-attention block: residual + out_proj(attention(in_proj(in))), the residual added to
   // each block of out_proj's product as it is finished.
-  auto self_attention = [&](View<const float> in, const float* residual) {
-    const Tensor<float> qkv = in_proj_.forward(in);  // (N, L, 3E): rows [q | k | v]
-    // Heads read in place: (N, H, L, hd) with rows of 3E floats.
+  auto self_attention = [&](View<const T> in, const T* residual) {
+    const Tensor<T> qkv = in_proj_.forward(in);  // (N, L, 3E): rows [q | k | v]
+    // Heads read in place: (N, H, L, hd) with rows of 3E values.
     const Shape qkv_strides{L * 3 * E, hd, 3 * E, 1};
-    const View<const float> q(qkv.data(), {N, H, L, hd}, qkv_strides);
-    const View<const float> k(qkv.data() + E, {N, H, L, hd}, qkv_strides);
-    const View<const float> v(qkv.data() + 2 * E, {N, H, L, hd}, qkv_strides);
-    Tensor<float> merged = Tensor<float>::uninitialized({N, L, E});  // heads written merged
+    const View<const T> q(qkv.data(), {N, H, L, hd}, qkv_strides);
+    const View<const T> k(qkv.data() + E, {N, H, L, hd}, qkv_strides);
+    const View<const T> v(qkv.data() + 2 * E, {N, H, L, hd}, qkv_strides);
+    Tensor<T> merged = Tensor<T>::uninitialized({N, L, E});  // heads written merged
     Tensor<double> logsumexp = Tensor<double>::uninitialized({N, H, L});
     // cpu_flash whatever L: automatic would take decode for batches of at most 16 tokens and
     // cpu_flash above, which round differently, and a sentence's result must not depend on the
@@ -84,44 +105,43 @@ Tensor<float> PackedTransformerEncoderLayer::forward(View<const float> src, View
     if (key_padding_mask.defined())
       args.key_padding_mask = Tensor<bool>({N, L}, std::span<const bool>(key_padding_mask.data(), static_cast<size_t>(N * L)));
     const MultiheadAttentionMasks<float> masks = multihead_attention_masks(attention_options_, args, N, L, L, false);
-    attention::Options<float> opt = masks.core_options(module_scoring(attention_options_, 0.0, 0));
+    attention::Options<T> opt = options_as<T>(masks.core_options(module_scoring(attention_options_, 0.0, 0)));
     opt.backend = attention::Backend::cpu_flash;
-    attention::sdpa_forward_into<float>(
-        q, k, v, {View<float>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);
-    Tensor<float> out = Tensor<float>::uninitialized({N, L, E});
-    out_proj_.forward(merged, out, add_rows(out.data(), residual, E));
+    attention::sdpa_forward_into<T>(
+        q, k, v, {View<T>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);
+    Tensor<T> out = Tensor<T>::uninitialized({N, L, E});
+    out_proj_.forward(merged, out, add_residual(residual, E));
     return out;
   };
   // Feed-forward block: residual + linear2(activation(linear1(in))), the activation applied to
   // each block of linear1's product and the residual added to linear2's as they are finished.
-  auto feed_forward = [&](View<const float> in, const float* residual) {
+  auto feed_forward = [&](View<const T> in, const T* residual) {
     const int64_t F = options_.dim_feedforward;
-    Tensor<float> h = Tensor<float>::uninitialized({N, L, F});
-    float* ph = h.data();
-    linear1_.forward(in, h, [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
-      for (int64_t r = row; r < row + rows; ++r) {
-        float* p = ph + r * F + col;
-        if (options_.activation == Activation::gelu) {
-          detail::gelu_erf_forward_serial(p, p, cols);
-        } else {
-          for (int64_t j = 0; j < cols; ++j) p[j] = std::max(p[j], 0.0f);
-        }
+    Tensor<T> h = Tensor<T>::uninitialized({N, L, F});
+    linear1_.forward(in, h, [&](int64_t, int64_t, float* values, int64_t count) {
+      if (options_.activation == Activation::gelu) {
+        detail::gelu_erf_forward_serial(values, values, count);
+      } else {
+        for (int64_t j = 0; j < count; ++j) values[j] = std::max(values[j], 0.0f);
       }
     });
-    Tensor<float> out = Tensor<float>::uninitialized({N, L, E});
-    linear2_.forward(h, out, add_rows(out.data(), residual, E));
+    Tensor<T> out = Tensor<T>::uninitialized({N, L, E});
+    linear2_.forward(h, out, add_residual(residual, E));
     return out;
   };
 
   if (options_.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
-    Tensor<float> x = Tensor<float>::uninitialized(src.shape());  // LayerNorm takes a Tensor
+    Tensor<T> x = Tensor<T>::uninitialized(src.shape());  // LayerNorm takes a Tensor
     std::copy_n(src.data(), src.numel(), x.data());
-    const Tensor<float> a1 = self_attention(norm1_.forward(x), x.data());
+    const Tensor<T> a1 = self_attention(norm1_.forward(x), x.data());
     return feed_forward(norm2_.forward(a1), a1.data());
   }
   // x = norm1(x + sa(x)); x = norm2(x + ff(x))
-  const Tensor<float> y1 = norm1_.forward(self_attention(src, src.data()));
+  const Tensor<T> y1 = norm1_.forward(self_attention(src, src.data()));
   return norm2_.forward(feed_forward(y1, y1.data()));
 }
+
+template class PackedTransformerEncoderLayer<float>;
+template class PackedTransformerEncoderLayer<bfloat16>;
 
 }  // namespace mha::nn

@@ -76,6 +76,26 @@ TEST_F(SentenceCli, EmbedWritesTheLibrarysEmbeddings) {
   for (int64_t i = 0; i < got.numel(); ++i) ASSERT_EQ(got[i], expected[i]) << i;  // batch size changes nothing
 }
 
+// --dtype bfloat16: the library's bfloat16 encoder with the same batch size, bit for bit, still
+// written as F32; a dtype it does not know is one line naming the flag, before anything is read.
+TEST_F(SentenceCli, EmbedInBfloat16) {
+  const CliResult r = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
+                              path("e.safetensors") + " --batch-size 2 --dtype bfloat16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const st::File file = st::load(path("e.safetensors"));
+  EXPECT_EQ(file.tensors.at("embeddings").dtype, st::DType::F32);
+  const Tensor<float> got = st::to_tensor<float>(st::require(file, "embeddings", "e"), "embeddings");
+  const models::SentenceEncoder encoder(minilm_dir(), models::Dtype::bfloat16);
+  const Tensor<float> expected = encoder.encode(models::read_lines(path("in.txt")), 2);
+  ASSERT_EQ(got.shape(), (Shape{5, 384}));
+  for (int64_t i = 0; i < got.numel(); ++i) ASSERT_EQ(got[i], expected[i]) << i;
+  const CliResult bad = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
+                                path("out.safetensors") + " --dtype float16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(bad.output, "mha: error: --dtype: expected \"float32\" or \"bfloat16\", got \"float16\"\n");
+  EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+}
+
 TEST_F(SentenceCli, EmptyInputGivesNoRows) {
   std::ofstream(path("empty.txt")) << "";
   ASSERT_EQ(run_cli("embed --model " + model() + " --input " + path("empty.txt") + " --output " + path("e.safetensors")).exit_code, 0);

@@ -1,6 +1,8 @@
 // bf16 × bf16 → float products (mha/core/bf16_gemm.h), on the CPU's bf16 instructions where it has
-// them and on the float32 fallback always, against the sum written out in double here.
+// them and on the float32 fallback always, against the sum written out in double here; and
+// PackedLinear, the bfloat16 linear layer on them.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -9,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../support/assertions.h"
 #include "mha/core/bf16_gemm.h"
 #include "mha/core/random.h"
 
@@ -155,6 +158,109 @@ TEST(Bf16Gemm, NativeAndFallbackAgreeWithinTheirRounding) {
       magnitude += std::abs(static_cast<double>(mha::to_float(a[i / n * k + kk])) * mha::to_float(b[kk * n + i % n]));
     ASSERT_LE(std::abs(native[i] - fallback[i]), 2 * k * u * magnitude) << "element " << i;
   }
+}
+
+// ---- PackedLinear -------------------------------------------------------------------------------
+
+using mha::Tensor;
+
+Tensor<float> uniform_float(const mha::Shape& shape, mha::Generator& gen) {
+  Tensor<float> t(shape);
+  for (float& v : t.values()) v = static_cast<float>(gen.uniform(-1.0, 1.0));
+  return t;
+}
+
+Tensor<bfloat16> uniform_bf16(const mha::Shape& shape, mha::Generator& gen) {
+  Tensor<bfloat16> t(shape);
+  for (bfloat16& v : t.values()) v = mha::to_bfloat16(static_cast<float>(gen.uniform(-2.0, 2.0)));
+  return t;
+}
+
+// y = bf16(f), f the float sum of the k exact products of x and the weight rounded to bfloat16,
+// plus the bias: |f − exact| ≤ γ_(k+1)·(|b| + Σ|x·w|) (Higham §3.1, u = 2⁻²⁴), and the rounding
+// to bfloat16 adds at most 2⁻⁸·|f| (its unit roundoff).
+void expect_close_to_exact(const Tensor<bfloat16>& y, const Tensor<bfloat16>& x, const Tensor<float>& w,
+                           const Tensor<float>& b, const std::string& where) {
+  const int64_t out = w.size(0), in = w.size(1), m = x.numel() / in;
+  const double u = std::ldexp(1.0, -24), gamma = (in + 1) * u / (1 - (in + 1) * u);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double exact = b.defined() ? b[o] : 0.0, magnitude = std::abs(exact);
+      for (int64_t i = 0; i < in; ++i) {
+        const double p = static_cast<double>(mha::to_float(x[r * in + i])) *
+                         mha::to_float(mha::to_bfloat16(w[o * in + i]));
+        exact += p;
+        magnitude += std::abs(p);
+      }
+      const double f_bound = gamma * magnitude;
+      const double bound = f_bound + std::ldexp(1.0, -8) * (std::abs(exact) + f_bound) + 1e-38;
+      ASSERT_LE(std::abs(mha::to_float(y[r * out + o]) - exact), bound) << where << ": row " << r << ", column " << o;
+    }
+}
+
+TEST(Bf16PackedLinear, MatchesTheExactSumOnEveryPath) {
+  mha::Generator gen(31);
+  // Rows and columns past one block of 64, ragged ends, an odd depth, one row, no bias.
+  for (auto [m, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 3}, {70, 96, 130}, {5, 33, 64}, {130, 384, 200}})
+    for (bool with_bias : {true, false})
+      for (bool fallback : fallbacks()) {
+        const Tensor<float> w = uniform_float({out, in}, gen), b = with_bias ? uniform_float({out}, gen) : Tensor<float>();
+        const Tensor<bfloat16> x = uniform_bf16({m, in}, gen);
+        std::optional<bg::ScopedFloat32Fallback> pin;
+        if (fallback) pin.emplace();
+        const bg::PackedLinear linear(w, b.defined() ? mha::View<const float>(b) : mha::View<const float>());
+        const Tensor<bfloat16> y = linear.forward(x);
+        ASSERT_EQ(y.shape(), (mha::Shape{m, out}));
+        expect_close_to_exact(y, x, w, b, std::string(fallback ? "float32 fallback" : "bf16 instructions") +
+                                              " m=" + std::to_string(m) + " in=" + std::to_string(in) +
+                                              " out=" + std::to_string(out) + (with_bias ? "" : ", no bias"));
+      }
+}
+
+// The thread count changes nothing; the epilogue sees every value once, in float, and what it
+// leaves is stored.
+TEST(Bf16PackedLinear, ThreadsAndEpilogue) {
+  mha::Generator gen(32);
+  const int64_t in = 96, out = 200;
+  const Tensor<float> w = uniform_float({out, in}, gen), b = uniform_float({out}, gen);
+  const Tensor<bfloat16> x = uniform_bf16({3, 70, in}, gen);
+  for (bool fallback : fallbacks()) {
+    std::optional<bg::ScopedFloat32Fallback> pin;
+    if (fallback) pin.emplace();
+    const bg::PackedLinear linear(w, b);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Tensor<bfloat16> one = linear.forward(x);
+    omp_set_num_threads(2);
+    const Tensor<bfloat16> two = linear.forward(x);
+    Tensor<bfloat16> doubled({3, 70, out});
+    Tensor<int32_t> seen({3 * 70, out});
+    linear.forward(x, doubled, [&](int64_t row, int64_t col, float* values, int64_t count) {
+      for (int64_t j = 0; j < count; ++j) {
+        ++seen[row * out + col + j];
+        values[j] *= 2;
+      }
+    });
+    omp_set_num_threads(saved);
+    ASSERT_EQ(one.shape(), (mha::Shape{3, 70, out}));
+    for (int64_t i = 0; i < one.numel(); ++i) {
+      ASSERT_EQ(one[i].bits, two[i].bits) << "element " << i << (fallback ? ", fallback" : "");
+      ASSERT_EQ(seen[i], 1) << "element " << i;
+      // Doubling commutes with rounding to bfloat16 (no overflow here).
+      ASSERT_EQ(mha::to_float(doubled[i]), 2 * mha::to_float(one[i])) << "element " << i;
+    }
+  }
+}
+
+TEST(Bf16PackedLinear, BadInputsAreErrorsNamingTheArgument) {
+  using mha::testing::throws_error;
+  const Tensor<float> w({4, 3});
+  EXPECT_TRUE(throws_error([&] { bg::PackedLinear(Tensor<float>({12}), {}, "q"); }, {"q: weight", "2-D", "[12]"}));
+  EXPECT_TRUE(throws_error([&] { bg::PackedLinear(w, Tensor<float>({3}), "q"); }, {"q: bias", "(4)", "[3]"}));
+  const bg::PackedLinear linear(w, {}, "q");
+  EXPECT_TRUE(throws_error([&] { linear.forward(Tensor<bfloat16>({2, 4})); }, {"q: input", "(..., 3)", "[2, 4]"}));
+  Tensor<bfloat16> wrong({2, 5});
+  EXPECT_TRUE(throws_error([&] { linear.forward(Tensor<bfloat16>({2, 3}), wrong); }, {"q: output", "[2, 4]", "[2, 5]"}));
 }
 
 }  // namespace

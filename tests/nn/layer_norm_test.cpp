@@ -124,6 +124,44 @@ TEST(LayerNorm, FloatMatchesDouble) {
   EXPECT_TRUE(all_close(lf.forward(mha::cast<float>(shifted)), ld.forward(shifted), 1e-3, 1e-3));
 }
 
+// bfloat16 widens what it reads and computes in double as LayerNorm<double> does: its forward is
+// the double layer's result on the same values rounded once, bit for bit. Its backward reads the
+// normalised input from a float cache (the double layer's is double), so each gradient may differ
+// from the double one rounded by one bfloat16 unit in the last place (2⁻⁷ relative), no more;
+// likewise the parameter gradients, summed in double then rounded through float.
+TEST(LayerNorm, Bfloat16IsTheDoubleLayerRoundedOnce) {
+  Generator gen(41);
+  for (const Config c : {Config{true, true}, Config{true, false}, Config{false, false}}) {
+    const Shape norm{48};
+    LayerNorm<double> wide(norm, 1e-5, c.affine, c.bias);
+    LayerNorm<mha::bfloat16> half(norm, 1e-5, c.affine, c.bias);
+    if (c.affine) half.weight = mha::cast<mha::bfloat16>(random_tensor(norm, gen, 0.5, 1.5));
+    if (c.bias) half.bias = mha::cast<mha::bfloat16>(random_tensor(norm, gen));
+    if (c.affine) wide.weight = mha::cast<double>(half.weight);
+    if (c.bias) wide.bias = mha::cast<double>(half.bias);
+    const Tensor<mha::bfloat16> x = mha::cast<mha::bfloat16>(random_tensor({5, 48}, gen, -3, 3));
+    const Tensor<mha::bfloat16> g = mha::cast<mha::bfloat16>(random_tensor({5, 48}, gen));
+    LayerNorm<mha::bfloat16>::Cache half_cache;
+    LayerNorm<double>::Cache wide_cache;
+    const Tensor<mha::bfloat16> y = half.forward(x, &half_cache);
+    const Tensor<double> want = wide.forward(mha::cast<double>(x), &wide_cache);
+    for (int64_t i = 0; i < y.numel(); ++i)
+      ASSERT_EQ(y[i].bits, mha::to_bfloat16(want[i]).bits) << "forward, element " << i;
+    auto within_one_unit = [](const Tensor<mha::bfloat16>& got, const Tensor<double>& exact, const char* what) {
+      for (int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_LE(std::abs(mha::to_float(got[i]) - exact[i]), std::ldexp(std::abs(exact[i]), -7) + 1e-30)
+            << what << ", element " << i;
+    };
+    within_one_unit(half.backward(g, half_cache), wide.backward(mha::cast<double>(g), wide_cache), "grad_input");
+    if (c.affine) within_one_unit(half.grad_weight, wide.grad_weight, "grad_weight");
+    if (c.bias) within_one_unit(half.grad_bias, wide.grad_bias, "grad_bias");
+    if (c.affine) {
+      LayerNorm<mha::bfloat16> fresh(norm);
+      EXPECT_EQ(mha::to_float(fresh.weight[0]), 1.0f);  // initialised to 1, not to the bits 0x0001
+    }
+  }
+}
+
 TEST(LayerNorm, BadInputsThrowTellingErrors) {
   LayerNorm<double> layer(Shape{3, 4});
   EXPECT_TRUE(throws_error(

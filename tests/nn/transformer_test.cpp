@@ -289,7 +289,7 @@ TEST(PackedTransformerEncoderLayer, MatchesTheLayersEvalForward) {
       TransformerEncoderLayer<float> layer(o, 2);
       for (auto& p : layer.parameters()) *p.value = mha::testing::random_tensor<float>(p.value->shape(), gen, -0.5, 0.5);
       layer.eval();
-      const mha::nn::PackedTransformerEncoderLayer packed(layer);
+      const mha::nn::PackedTransformerEncoderLayer<float> packed(layer);
       const Tensor<float> x = mha::testing::random_tensor<float>({3, 13, 48}, gen, -2, 2);
       Tensor<bool> padding({3, 13});
       for (int64_t l = 9; l < 13; ++l) padding[13 + l] = true;

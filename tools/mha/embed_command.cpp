@@ -19,7 +19,7 @@ namespace mha::tools {
 namespace {
 
 struct EmbedArgs {
-  std::string model, input, output;
+  std::string model, input, output, dtype = "float32";
   int64_t batch_size = 32;
 };
 
@@ -28,15 +28,18 @@ const char* embed_contract() {
 --input holds one sentence per line (UTF-8; '-' reads standard input). --output gets one tensor,
 `embeddings`, F32 of shape (N, hidden): row i is line i's embedding, as sentence-transformers'
 encode() computes it with this model directory (tokenizer, BERT encoder, pooling and
-normalisation as its modules.json says). Written atomically. Progress goes to standard error
+normalisation as its modules.json says). --dtype bfloat16 runs the encoder's layers in bfloat16
+(weights rounded once; the CPU's bf16 instructions where it has them); the embeddings are F32
+either way. Written atomically. Progress goes to standard error
 when it is a terminal.)";
 }
 
 void run(const EmbedArgs& args) {
+  const models::Dtype dtype = models::dtype_from_name(args.dtype, "--dtype");
   check_output_directory(args.output, "--output");
   check_text_input(args.input, "--input");
   const std::vector<std::string> sentences = models::read_lines(args.input);
-  const models::SentenceEncoder encoder(args.model);
+  const models::SentenceEncoder encoder(args.model, dtype);
   const bool show_progress = ::isatty(STDERR_FILENO) != 0 && sentences.size() > 256;
   const auto n = static_cast<int64_t>(sentences.size());
   const Tensor<float> embeddings = encoder.encode(sentences, args.batch_size, [&](int64_t done) {
@@ -58,6 +61,8 @@ void add_embed_command(CLI::App& app) {
   cmd->add_option("--model", args->model, "sentence-transformers / Hugging Face model directory")->required();
   cmd->add_option("--input", args->input, "text file, one sentence per line ('-': standard input)")->required();
   cmd->add_option("--output", args->output, "where to write the embeddings (.safetensors)")->required();
+  cmd->add_option("--dtype", args->dtype, "the type the encoder's layers compute in: float32 or bfloat16")
+      ->capture_default_str();
   cmd->add_option("--batch-size", args->batch_size, "sentences encoded together")
       ->check(integer_bounds(1))
       ->capture_default_str();

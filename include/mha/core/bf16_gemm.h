@@ -14,8 +14,13 @@
 // packed[(kk / 2)·2n + 2c + kk % 2], k rounded up to even with a zero row. A is any row-major
 // bfloat16 matrix (a row stride, no copy).
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
 
 #include "mha/core/half.h"
+#include "mha/core/tensor.h"
+#include "mha/core/view.h"
 
 namespace mha::bf16_gemm {
 
@@ -49,6 +54,40 @@ class ScopedFloat32Fallback {
 
  private:
   bool saved_;
+};
+
+// y = x·Wᵀ + b with x and y in bfloat16: torch.nn.Linear's weight (out_features, in_features)
+// rounded to bfloat16 once (what PyTorch's .to(torch.bfloat16) does) and packed once in pairs,
+// the bias kept in float; the inference twin of panel_gemm::PackedLinear for the bfloat16
+// sentence encoder. Each block of y (up to 64 rows × 64 columns) is one multiply into a float
+// tile, the bias added, handed to the epilogue, then rounded once to y: with no epilogue, y is
+// the product of the bfloat16 operands summed in float, rounded once.
+class PackedLinear {
+ public:
+  PackedLinear() = default;
+  // weight: contiguous (out_features, in_features); bias: undefined or (out_features).
+  // Throws mha::Error naming `what` and the argument on a bad shape.
+  PackedLinear(View<const float> weight, View<const float> bias, const std::string& what = "PackedLinear");
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+  // panel_gemm::PackedLinear's contract: `values` are y[row][col, col + count) in float, the bias
+  // added, on the thread that computed them; what the epilogue leaves there is rounded to y.
+  using Epilogue = std::function<void(int64_t row, int64_t col, float* values, int64_t count)>;
+
+  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous. The blocks are fixed
+  // by M and split between OpenMP threads: bitwise the same for any thread count. (Not for any
+  // M: libxsmm's kernels block a product, and so order its additions, by its shape, so a row's
+  // last bits may change with the rows around it.)
+  void forward(View<const bfloat16> x, View<bfloat16> y, const Epilogue& epilogue = {}) const;
+  Tensor<bfloat16> forward(View<const bfloat16> x) const;
+
+ private:
+  int64_t in_ = 0, out_ = 0;
+  Tensor<bfloat16> packed_;  // Wᵀ in pairs: packed_size(in, out)
+  Tensor<float> bias_;       // (out) or undefined
+  std::string what_;
 };
 
 }  // namespace mha::bf16_gemm

@@ -88,13 +88,15 @@ class PackedLinear {
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
-  // Called for each block of y that a thread has finished (bias added): rows [row, row + rows),
-  // columns [col, col + cols). It may rewrite that block (an activation, a residual added) on
-  // the thread that computed it, while the block is still in cache.
-  using Epilogue = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
+  // Called for each row of each block of y that a thread has finished: `values` are y[row][col,
+  // col + count) in float, the bias added, before they are stored; it may rewrite them (an
+  // activation, a residual added) on the thread that computed them, while they are in cache.
+  // The same contract as bf16_gemm::PackedLinear's (there `values` are a float tile, stored in
+  // bfloat16 after it), so a layer runs either one.
+  using Epilogue = std::function<void(int64_t row, int64_t col, float* values, int64_t count)>;
 
   // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous; y is overwritten,
-  // then `epilogue` (if any) runs on each block. Rows and panels are split between OpenMP
+  // then `epilogue` (if any) runs on each row of each block. Rows and panels are split between OpenMP
   // threads; every element is computed by one thread in a fixed order, so the result is bitwise
   // the same for any thread count. Throws mha::Error when the shapes do not match or the SIMD
   // target changed since packing.

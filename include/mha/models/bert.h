@@ -82,17 +82,20 @@ class BertModel {
 // token, 0 = padding; any other value is an error), checked against input_ids' shape (N, L).
 Tensor<bool> key_padding_mask(const Tensor<int64_t>& attention_mask, const Shape& input_ids_shape);
 
-// BertModel<float>'s forward on nn::PackedTransformerEncoderLayer (weights packed once, for
-// inference): what SentenceEncoder runs. Tested against BertModel::forward. Holds a pointer to
-// `model`'s embeddings: the model must outlive it, and later weight changes are not seen.
+// BertModel<float>'s forward on nn::PackedTransformerEncoderLayer<T> (weights packed once, for
+// inference): what SentenceEncoder runs. T = float is tested against BertModel::forward;
+// T = bfloat16 runs the layers in bfloat16 (the embedding block in float, its output rounded
+// once), tested against the float forward within a derived bound. Holds a pointer to `model`'s
+// embeddings: the model must outlive it, and later weight changes are not seen.
+template <class T>
 class PackedBert {
  public:
   explicit PackedBert(BertModel<float>& model);
-  Tensor<float> forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const;
+  Tensor<T> forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const;
 
  private:
   const BertModel<float>* model_;
-  std::vector<nn::PackedTransformerEncoderLayer> layers_;
+  std::vector<nn::PackedTransformerEncoderLayer<T>> layers_;
 };
 
 }  // namespace mha::models

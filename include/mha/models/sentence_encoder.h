@@ -17,6 +17,12 @@
 // encode() batches like sentence-transformers (sorted by length, padded to the longest of each
 // batch, results in the input order) and runs the encoder's inference path (PackedBert). A
 // sentence's embedding does not depend on the batch it was in, nor on the thread count.
+//
+// dtype bfloat16 runs the encoder's layers in bfloat16 (PackedBert<bfloat16>: weights rounded to
+// bfloat16, products on the CPU's bf16 instructions where it has them); the embedding block,
+// pooling and normalisation stay in float, and the embeddings are float either way. In bfloat16 a
+// sentence's embedding does not depend on the thread count, but its last bits may on the batch
+// (libxsmm's kernels add in an order set by the product's shape, as PyTorch's bfloat16 does).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,9 +37,16 @@ namespace mha::models {
 
 enum class Pooling { mean, cls, max, mean_sqrt_len };
 
+// The type the encoder's layers compute in.
+enum class Dtype { float32, bfloat16 };
+// "float32" / "bfloat16" (also "float", "bf16"); anything else is an mha::Error naming `what`
+// and listing the two.
+Dtype dtype_from_name(const std::string& name, const std::string& what = "dtype");
+const char* dtype_name(Dtype dtype);
+
 class SentenceEncoder {
  public:
-  explicit SentenceEncoder(const std::string& directory);
+  explicit SentenceEncoder(const std::string& directory, Dtype dtype = Dtype::float32);
   SentenceEncoder(const SentenceEncoder&) = delete;
   SentenceEncoder& operator=(const SentenceEncoder&) = delete;
 
@@ -49,12 +62,15 @@ class SentenceEncoder {
   int64_t max_seq_length() const { return max_seq_length_; }
   int64_t dimension() const { return model_->config().hidden_size; }
   Pooling pooling() const { return pooling_; }
+  Dtype dtype() const { return dtype_; }
   bool normalize() const { return normalize_; }
 
  private:
   WordPieceTokenizer tokenizer_;
   std::unique_ptr<BertModel<float>> model_;  // PackedBert points into it: kept at one address
-  std::unique_ptr<PackedBert> packed_;
+  std::unique_ptr<PackedBert<float>> packed_;             // dtype float32
+  std::unique_ptr<PackedBert<bfloat16>> packed_bfloat16_;  // dtype bfloat16
+  Dtype dtype_ = Dtype::float32;
   int64_t max_seq_length_ = 0;
   Pooling pooling_ = Pooling::mean;
   bool normalize_ = false;

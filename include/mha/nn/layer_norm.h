@@ -2,7 +2,9 @@
 // torch.nn.LayerNorm: normalise over the trailing dimensions `normalized_shape`,
 //   y = (x − mean) / sqrt(var + eps) · weight + bias
 // with the biased variance (divide by the number of normalised elements), as PyTorch does.
-// Mean and variance are accumulated in double for both float and double.
+// Mean and variance are accumulated in double for float, double and bfloat16 (whose values are
+// widened as they are read, and each result rounded once as it is written: the cache keeps the
+// normalised input in float).
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -16,8 +18,8 @@ template <class T>
 class LayerNorm : public Module<T> {
  public:
   struct Cache {
-    Tensor<T> normalized;  // (x − mean) · rstd, the input's shape
-    Tensor<T> rstd;        // 1 / sqrt(var + eps), one per normalised group (leading dims)
+    Tensor<widened_t<T>> normalized;  // (x − mean) · rstd, the input's shape
+    Tensor<widened_t<T>> rstd;        // 1 / sqrt(var + eps), one per normalised group (leading dims)
   };
 
   // normalized_shape: the trailing dimensions to normalise over (non-empty, each >= 1).

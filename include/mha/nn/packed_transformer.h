@@ -13,9 +13,19 @@
 // What it takes is what an encoder in inference needs: batch-first src (N, L, E) and an optional
 // key padding mask (N, L), bool, PyTorch's polarity (true = padding, not attended to). Dropout
 // is not applied (eval mode). Later changes to the layer's weights are not seen: build a new one.
+//
+// T = bfloat16: the same layer with the activations between its steps in bfloat16 and the
+// weights rounded to bfloat16 once (PyTorch's model.to(torch.bfloat16)); the projections on
+// bf16_gemm::PackedLinear (VDPBF16PS where the CPU has AVX512_BF16, float products of the same
+// values elsewhere), attention on the bfloat16 cpu_flash, the LayerNorms on bfloat16 input and
+// output with double statistics. Each step's bias, activation and residual are added to the
+// product in float before it is rounded once. The tests hold it to the float layer within a
+// bound derived from those roundings; the sentence encoder's dtype bfloat16 runs it.
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "mha/core/bf16_gemm.h"
 #include "mha/core/panel_gemm.h"
 #include "mha/core/tensor.h"
 #include "mha/core/view.h"
@@ -24,21 +34,25 @@
 
 namespace mha::nn {
 
+template <class T>
 class PackedTransformerEncoderLayer {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "float or bfloat16 activations");
+
  public:
   explicit PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer);
 
   // src: contiguous (N, L, d_model). key_padding_mask: undefined, or contiguous (N, L).
   // Returns (N, L, d_model). mha::Error naming the argument for anything else.
-  Tensor<float> forward(View<const float> src, View<const bool> key_padding_mask = {}) const;
+  Tensor<T> forward(View<const T> src, View<const bool> key_padding_mask = {}) const;
 
   const TransformerEncoderLayerOptions& options() const { return options_; }
 
  private:
   TransformerEncoderLayerOptions options_;
   MultiheadAttentionOptions attention_options_;  // self_attn's
-  panel_gemm::PackedLinear in_proj_, out_proj_, linear1_, linear2_;
-  LayerNorm<float> norm1_, norm2_;
+  using Linear = std::conditional_t<std::is_same_v<T, float>, panel_gemm::PackedLinear, bf16_gemm::PackedLinear>;
+  Linear in_proj_, out_proj_, linear1_, linear2_;
+  LayerNorm<T> norm1_, norm2_;
 };
 
 }  // namespace mha::nn
