@@ -2,6 +2,7 @@
 // AVX512_BF16, the float32 panel micro-kernel on widened operands elsewhere.
 #include "mha/core/bf16_gemm.h"
 
+#include <immintrin.h>
 #include <libxsmm.h>
 #include <omp.h>
 
@@ -79,6 +80,21 @@ void multiply_float32(size_t m, size_t n, size_t k, const bfloat16* a, size_t ld
   for (size_t r = 0; r < m; ++r)
     for (size_t col = 0; col < n; ++col)
       c[r * ldc + col] = accumulate ? c[r * ldc + col] + c32[r * n_padded + col] : c32[r * n_padded + col];
+}
+
+// out = in rounded to bfloat16 by VCVTNEPS2BF16 (to nearest even; a subnormal input becomes 0),
+// compiled for AVX512_BF16 by a function attribute and called only where the CPU has it: one
+// instruction per 16 floats where convert()'s integer rounding takes nine (5 % of the bfloat16
+// sentence encoder's time, perf).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_native(const float* in, bfloat16* out,
+                                                                                    size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(in + i)));
+  if (i < n) {
+    const auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(out + i, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, in + i)));
+  }
 }
 
 }  // namespace
@@ -182,6 +198,7 @@ void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilo
   const int64_t jobs = row_blocks * col_blocks;
   const bool parallel = !omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1;
   const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
+  const bool bf16_path = native();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t job = 0; job < jobs; ++job) {
     const int64_t r0 = job / col_blocks * kBlock, c0 = job % col_blocks * kBlock;
@@ -195,7 +212,9 @@ void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilo
       if (bias_.defined())
         for (int64_t j = 0; j < cols; ++j) values[j] += bias_[c0 + j];
       if (epilogue) epilogue(r0 + r, c0, values, cols);
-      convert(values, y.data() + (r0 + r) * out_ + c0, static_cast<size_t>(cols));
+      bfloat16* row = y.data() + (r0 + r) * out_ + c0;
+      if (bf16_path) round_native(values, row, static_cast<size_t>(cols));
+      else convert(values, row, static_cast<size_t>(cols));
     }
   }
 }

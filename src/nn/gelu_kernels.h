@@ -12,4 +12,5 @@ void gelu_erf_forward(const float* x, float* y, int64_t n);
 // The same on the calling thread only (inside a parallel region: a block of a matrix product).
 void gelu_erf_forward_serial(const float* x, float* y, int64_t n);
 
+
 }  // namespace mha::nn::detail

@@ -7,6 +7,7 @@
 
 #include "gelu_kernels.h"
 #include "mha/attention/attention.h"
+#include "mha/nn/gelu.h"
 
 namespace mha::nn {
 namespace {
@@ -119,7 +120,9 @@ Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> src, View<cons
     const int64_t F = options_.dim_feedforward;
     Tensor<T> h = Tensor<T>::uninitialized({N, L, F});
     linear1_.forward(in, h, [&](int64_t, int64_t, float* values, int64_t count) {
-      if (options_.activation == Activation::gelu) {
+      if (options_.activation == Activation::gelu && std::is_same_v<T, bfloat16>) {
+        gelu_for_bfloat16(values, values, count);  // rounded to bfloat16 next
+      } else if (options_.activation == Activation::gelu) {
         detail::gelu_erf_forward_serial(values, values, count);
       } else {
         for (int64_t j = 0; j < count; ++j) values[j] = std::max(values[j], 0.0f);

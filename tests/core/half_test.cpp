@@ -89,6 +89,28 @@ TEST(HalfFromDouble, RoundsOnceFromTheDouble) {
   EXPECT_TRUE(std::isnan(to_float(to_bfloat16(std::numeric_limits<double>::signaling_NaN()))));
 }
 
+// bfloat16 from double goes through float rounded toward odd: around every kind of bfloat16 tie
+// (normal, subnormal, at the top of a binade, negative), a double just above rounds up, just
+// below rounds down, the tie itself to even, whatever float's own rounding would do there.
+TEST(HalfFromDouble, Bfloat16IsCorrectlyRoundedAroundTies) {
+  Generator gen(12);
+  for (int i = 0; i < 20000; ++i) {
+    const uint32_t exponent = i < 100 ? 0u : static_cast<uint32_t>(gen.uniform() * 254);  // subnormals too
+    const uint32_t mantissa = static_cast<uint32_t>(gen.uniform() * 0x7f);
+    const uint16_t lo = static_cast<uint16_t>((i & 1) << 15 | exponent << 7 | mantissa);
+    const uint16_t hi = static_cast<uint16_t>(lo + 1);  // the next bfloat16 away from zero
+    const double a = to_float(bfloat16{lo}), b = to_float(bfloat16{hi});
+    const double tie = (a + b) / 2, step = std::abs(b - a);  // exact in double
+    const uint16_t even = (lo & 1) == 0 ? lo : hi;
+    for (double delta : {step * 1e-9, step * 0x1p-30, step / 4})
+      ASSERT_EQ(to_bfloat16(tie + (a < b ? delta : -delta)).bits, hi) << std::hex << lo << " + " << delta;
+    for (double delta : {step * 1e-9, step * 0x1p-30, step / 4})
+      ASSERT_EQ(to_bfloat16(tie - (a < b ? delta : -delta)).bits, lo) << std::hex << lo << " - " << delta;
+    ASSERT_EQ(to_bfloat16(tie).bits, even) << std::hex << lo;
+    ASSERT_EQ(to_bfloat16(a).bits, lo) << std::hex << lo;
+  }
+}
+
 // A double that holds a float rounds as the float overloads round it (float → double is exact).
 TEST(HalfFromDouble, AFloatRoundsAsTheFloatOverloads) {
   Generator gen(11);

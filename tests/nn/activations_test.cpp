@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "../support/gradient_check.h"
 #include "../support/assertions.h"
@@ -128,6 +130,39 @@ TEST(GELU, VectorisedFloatIsWithinFourUlpOfTheScalarFormulaOnEveryTarget) {
         EXPECT_EQ(got[i], want[i]) << target << ", x = " << special[i];
       }
     }
+  }
+}
+
+// gelu_for_bfloat16 (the bfloat16 layers' GELU) against x·Φ(x) in double, on every target, sizes
+// with partial vectors: relative error ≤ 1.2e-7 (the erfc formula's own) + (5a² + 16)·u, u = 2⁻²⁴,
+// a = |x|/√2: a and a² carry 2u and 4u + u from their roundings, which exp turns into relative
+// errors of about 5u·a², and the rest (t, the polynomial, exp itself, the products) a few u each.
+// The same bits whatever the split of the row; ±inf and NaN as the exact GELU gives them.
+TEST(GELU, ForBfloat16IsWithinItsDerivedBoundOfTheExactValue) {
+  std::vector<float> x;
+  for (double v = -12.0; v <= 12.0; v += 1.0 / 512) x.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 30.0f, 1e30f}) x.push_back(v);
+  const auto n = static_cast<int64_t>(x.size());
+  const double u = std::ldexp(1.0, -24);
+  for (const std::string& target : mha::simd_targets()) {
+    mha::ScopedSimdTarget pin(target);
+    std::vector<float> y(x.size());
+    mha::nn::gelu_for_bfloat16(x.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x[static_cast<size_t>(i)], a = std::abs(xi) / std::numbers::sqrt2;
+      const double want = xi * 0.5 * std::erfc(-a * (xi < 0 ? -1 : 1));
+      const double bound = (1.2e-7 + (5 * a * a + 16) * u) * std::abs(want) + std::numeric_limits<float>::min();
+      ASSERT_LE(std::abs(y[static_cast<size_t>(i)] - want), bound) << target << ", x = " << xi;
+    }
+    // In pieces of 7 (tails everywhere): the same bits as in one call, on every target's own run.
+    std::vector<float> pieces(x.size());
+    for (int64_t i = 0; i < n; i += 7) mha::nn::gelu_for_bfloat16(x.data() + i, pieces.data() + i, std::min<int64_t>(7, n - i));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pieces[static_cast<size_t>(i)], y[static_cast<size_t>(i)]) << target << ", x = " << x[static_cast<size_t>(i)];
+    const float inf = std::numeric_limits<float>::infinity(), special[3] = {inf, -inf, std::nanf("")};
+    float out[3];
+    mha::nn::gelu_for_bfloat16(special, out, 3);
+    EXPECT_EQ(out[0], inf) << target;
+    EXPECT_TRUE(std::isnan(out[1]) && std::isnan(out[2])) << target;  // −inf · 0, as the exact GELU
   }
 }
 

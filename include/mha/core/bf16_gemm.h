@@ -61,7 +61,8 @@ class ScopedFloat32Fallback {
 // the bias kept in float; the inference twin of panel_gemm::PackedLinear for the bfloat16
 // sentence encoder. Each block of y (up to 64 rows × 64 columns) is one multiply into a float
 // tile, the bias added, handed to the epilogue, then rounded once to y: with no epilogue, y is
-// the product of the bfloat16 operands summed in float, rounded once.
+// the product of the bfloat16 operands summed in float, rounded once (where the products run on
+// the bf16 instructions, by VCVTNEPS2BF16, which rounds a subnormal to 0).
 class PackedLinear {
  public:
   PackedLinear() = default;

@@ -169,6 +169,11 @@ void Tensor<T>::reshape_in_place(Shape new_shape) {
 template <class To, class From>
 Tensor<To> cast(const Tensor<From>& from) {
   if (!from.defined()) return {};
+  if constexpr ((is_half_v<To> && std::is_same_v<From, float>) || (std::is_same_v<To, float> && is_half_v<From>)) {
+    Tensor<To> out = Tensor<To>::uninitialized(from.shape());  // the bulk conversions: the same bits
+    convert(from.data(), out.data(), static_cast<size_t>(from.numel()));
+    return out;
+  }
   Tensor<To> out(from.shape());
   for (int64_t i = 0; i < from.numel(); ++i) {
     if constexpr (is_half_v<To> && is_half_v<From>) out[i] = narrow<To>(widen(from[i]));
