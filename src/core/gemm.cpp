@@ -1,10 +1,14 @@
 #include "mha/core/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "blas_setup.h"
+#include "mha/core/bf16_gemm.h"
 #include "mha/core/error.h"
 
 namespace mha {
@@ -41,6 +45,48 @@ void gemm<double>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, d
   cblas_dgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), blas_int(m, "m"), blas_int(n, "n"),
               blas_int(k, "k"), alpha, a, blas_int(std::max<int64_t>(lda, 1), "lda"), b,
               blas_int(std::max<int64_t>(ldb, 1), "ldb"), beta, c, blas_int(ldc, "ldc"));
+}
+
+template <>
+void gemm<bfloat16>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, bfloat16 alpha,
+                    const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, bfloat16 beta, bfloat16* c,
+                    int64_t ldc) {
+  check(m >= 0 && n >= 0 && k >= 0, "gemm: expected sizes >= 0, got m = ", m, ", n = ", n, ", k = ", k);
+  if (m == 0 || n == 0) return;
+  const auto M = static_cast<size_t>(m), N = static_cast<size_t>(n), K = static_cast<size_t>(k);
+  // op(A) row-major with an even stride (the bf16 kernels read its rows in pairs).
+  std::vector<bfloat16> a_copy;
+  size_t a_stride = static_cast<size_t>(lda);
+  if (ta == Transpose::yes) {
+    a_stride = (K + 1) / 2 * 2;
+    a_copy.assign(M * a_stride, bfloat16{0});
+    for (size_t kk = 0; kk < K; ++kk)
+      for (size_t r = 0; r < M; ++r) a_copy[r * a_stride + kk] = a[kk * static_cast<size_t>(lda) + r];
+    a = a_copy.data();
+  }
+  std::vector<bfloat16> packed(bf16_gemm::packed_size(K, N));
+  if (K > 0) {
+    if (tb == Transpose::yes) bf16_gemm::pack_b_transposed(b, static_cast<size_t>(ldb), N, K, packed.data());
+    else bf16_gemm::pack_b(b, static_cast<size_t>(ldb), K, N, packed.data());
+  }
+  const float fa = to_float(alpha), fb = to_float(beta);
+  constexpr int64_t kBlock = 64;
+  const int64_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (n + kBlock - 1) / kBlock;
+  const int64_t jobs = row_blocks * col_blocks;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1)
+  for (int64_t job = 0; job < jobs; ++job) {
+    const int64_t r0 = job / col_blocks * kBlock, c0 = job % col_blocks * kBlock;
+    const auto rows = static_cast<size_t>(std::min(kBlock, m - r0)), cols = static_cast<size_t>(std::min(kBlock, n - c0));
+    thread_local std::vector<float> tile;
+    tile.resize(rows * cols);
+    bf16_gemm::multiply(rows, cols, K, a + static_cast<size_t>(r0) * a_stride, a_stride,
+                        K > 0 ? packed.data() + 2 * c0 : nullptr, N, tile.data(), cols, false);
+    for (size_t r = 0; r < rows; ++r) {
+      bfloat16* out = c + (static_cast<size_t>(r0) + r) * static_cast<size_t>(ldc) + c0;
+      for (size_t j = 0; j < cols; ++j)  // beta = 0 ignores C, as BLAS does (it may hold NaN)
+        out[j] = to_bfloat16(fb == 0.0f ? fa * tile[r * cols + j] : fa * tile[r * cols + j] + fb * to_float(out[j]));
+    }
+  }
 }
 
 }  // namespace mha

@@ -22,8 +22,8 @@ Embedding<T>::Embedding(int64_t num_embeddings, int64_t embedding_dim,
     padding_idx_ = p < 0 ? p + num_embeddings : p;
   }
   weight = Tensor<T>({num_embeddings, embedding_dim});
-  for (T& v : weight.values()) v = static_cast<T>(gen.normal());
-  if (padding_idx_) std::fill_n(weight.data() + *padding_idx_ * embedding_dim, embedding_dim, T{0});
+  for (T& v : weight.values()) v = narrow<T>(gen.normal());
+  if (padding_idx_) std::fill_n(weight.data() + *padding_idx_ * embedding_dim, embedding_dim, narrow<T>(0.0));
   grad_weight = Tensor<T>(weight.shape());
 }
 
@@ -67,11 +67,12 @@ void Embedding<T>::backward(const Tensor<T>& grad_output, const Cache& cache) {
     if (padding_idx_ && idx == *padding_idx_) continue;
     T* g = grad_weight.data() + idx * d;
     const T* go = grad_output.data() + i * d;
-    for (int64_t j = 0; j < d; ++j) g[j] += go[j];
+    for (int64_t j = 0; j < d; ++j) g[j] = narrow<T>(widen(g[j]) + widen(go[j]));  // bfloat16: each sum rounded
   }
 }
 
 template class Embedding<float>;
 template class Embedding<double>;
+template class Embedding<bfloat16>;
 
 }  // namespace mha::nn

@@ -1,5 +1,6 @@
 #include "mha/nn/gelu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -76,17 +77,31 @@ template <class T>
 Tensor<T> gelu(const Tensor<T>& x, GeluApproximation approximation) {
   check_approximation(approximation, "gelu");
   check(x.defined(), "gelu: input: expected a tensor, got an undefined tensor");
-  Tensor<T> y = Tensor<T>::uninitialized(x.shape());
-  if constexpr (std::is_same_v<T, float>) {
-    // The exact GELU is most of a BERT layer's non-GEMM time: vectorised (gelu_kernels.h), and
-    // held to gelu_value by the tests on every SIMD target.
+  if constexpr (is_half_v<T>) {  // in float, each result rounded once (gelu_for_bfloat16 for none)
+    Tensor<float> w = cast<float>(x);
     if (approximation == GeluApproximation::none) {
-      detail::gelu_erf_forward(x.data(), y.data(), x.numel());
-      return y;
+      constexpr int64_t kChunk = 16384;
+      const int64_t chunks = (w.numel() + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+      for (int64_t c = 0; c < chunks; ++c)
+        gelu_for_bfloat16(w.data() + c * kChunk, w.data() + c * kChunk, std::min(kChunk, w.numel() - c * kChunk));
+    } else {
+      for (float& v : w.values()) v = gelu_value(v, approximation);
     }
+    return cast<T>(w);
+  } else {
+    Tensor<T> y = Tensor<T>::uninitialized(x.shape());
+    if constexpr (std::is_same_v<T, float>) {
+      // The exact GELU is most of a BERT layer's non-GEMM time: vectorised (gelu_kernels.h), and
+      // held to gelu_value by the tests on every SIMD target.
+      if (approximation == GeluApproximation::none) {
+        detail::gelu_erf_forward(x.data(), y.data(), x.numel());
+        return y;
+      }
+    }
+    for (int64_t i = 0; i < x.numel(); ++i) y[i] = gelu_value(x[i], approximation);
+    return y;
   }
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = gelu_value(x[i], approximation);
-  return y;
 }
 
 template <class T>
@@ -99,7 +114,7 @@ Tensor<T> gelu_backward(const Tensor<T>& x, const Tensor<T>& grad_output,
   check_shape(grad_output.shape(), x.shape(), "gelu_backward: grad_output");
   Tensor<T> g(x.shape());
   for (int64_t i = 0; i < x.numel(); ++i)
-    g[i] = grad_output[i] * gelu_derivative(x[i], approximation);
+    g[i] = narrow<T>(widen(grad_output[i]) * gelu_derivative(widen(x[i]), approximation));
   return g;
 }
 
@@ -128,6 +143,7 @@ Tensor<T> GELU<T>::backward(const Tensor<T>& grad_output, const Cache& cache) co
   template class GELU<T>;
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bfloat16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

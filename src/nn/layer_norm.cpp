@@ -13,13 +13,6 @@ double wide(T x) {
   return static_cast<double>(widen(x));
 }
 
-// g += v, rounded once for float and double, and in float then once to bfloat16 for bfloat16.
-template <class T>
-void add_to(T& g, double v) {
-  if constexpr (is_half_v<T>) g = narrow<T>(widen(g) + static_cast<float>(v));
-  else g += static_cast<T>(v);
-}
-
 }  // namespace
 
 template <class T>
@@ -153,9 +146,9 @@ Tensor<T> LayerNorm<T>::backward(const Tensor<T>& grad_output, const Cache& cach
     }
   }
   for (int64_t i = 0; i < (affine_ ? n : 0); ++i)
-    add_to(grad_weight[i], gw[static_cast<size_t>(i)]);
+    accumulate(grad_weight[i], gw[static_cast<size_t>(i)]);
   for (int64_t i = 0; i < (has_bias_ ? n : 0); ++i)
-    add_to(grad_bias[i], gb[static_cast<size_t>(i)]);
+    accumulate(grad_bias[i], gb[static_cast<size_t>(i)]);
   return grad_x;
 }
 

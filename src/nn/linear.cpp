@@ -87,8 +87,8 @@ Tensor<T> linear_forward(View<const T> x, WeightView<T> weight, const std::type_
   }
   if (in > 0) {
     // y (rows, out) += x (rows, in) · Wᵀ (in, out)
-    gemm<T>(Transpose::no, Transpose::yes, rows, out, in, T{1}, x.data(), in, weight.data, in,
-            bias != nullptr ? T{1} : T{0}, py, out);
+    gemm<T>(Transpose::no, Transpose::yes, rows, out, in, narrow<T>(1.0), x.data(), in, weight.data, in,
+            narrow<T>(bias != nullptr ? 1.0 : 0.0), py, out);
   }
   return y;
 }
@@ -110,12 +110,12 @@ Tensor<T> linear_backward(View<const T> x, WeightView<T> weight, View<const T> g
   Tensor<T> grad_x(x.shape());
   if (in > 0 && out > 0) {
     // grad_x (rows, in) = grad_y (rows, out) · W (out, in)
-    gemm<T>(Transpose::no, Transpose::no, rows, in, out, T{1}, grad_y.data(), out, weight.data, in,
-            T{0}, grad_x.data(), in);
+    gemm<T>(Transpose::no, Transpose::no, rows, in, out, narrow<T>(1.0), grad_y.data(), out, weight.data, in,
+            narrow<T>(0.0), grad_x.data(), in);
     // grad_W (out, in) += grad_yᵀ (out, rows) · x (rows, in)
     if (grad_weight != nullptr && rows > 0)
-      gemm<T>(Transpose::yes, Transpose::no, out, in, rows, T{1}, grad_y.data(), out, x.data(), in,
-              T{1}, grad_weight, in);
+      gemm<T>(Transpose::yes, Transpose::no, out, in, rows, narrow<T>(1.0), grad_y.data(), out, x.data(), in,
+              narrow<T>(1.0), grad_weight, in);
   }
   if (grad_bias != nullptr) {
     // Summed in double: a bias gradient is often a long sum that cancels to ~0 (e.g. a key bias,
@@ -124,8 +124,8 @@ Tensor<T> linear_backward(View<const T> x, WeightView<T> weight, View<const T> g
     const T* gy = grad_y.data();
     std::vector<double> sum(static_cast<size_t>(out), 0.0);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) sum[static_cast<size_t>(o)] += gy[r * out + o];
-    for (int64_t o = 0; o < out; ++o) grad_bias[o] += static_cast<T>(sum[static_cast<size_t>(o)]);
+      for (int64_t o = 0; o < out; ++o) sum[static_cast<size_t>(o)] += widen(gy[r * out + o]);
+    for (int64_t o = 0; o < out; ++o) accumulate(grad_bias[o], sum[static_cast<size_t>(o)]);
   }
   return grad_x;
 }
@@ -186,11 +186,11 @@ Linear<T>::Linear(int64_t in_features, int64_t out_features, bool use_bias, Gene
   check(out_features >= 0, "Linear: out_features: expected >= 0, got ", out_features);
   const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
   weight = Tensor<T>({out_features, in_features});
-  for (T& v : weight.values()) v = static_cast<T>(gen.uniform(-bound, bound));
+  for (T& v : weight.values()) v = narrow<T>(gen.uniform(-bound, bound));
   grad_weight = Tensor<T>(weight.shape());
   if (use_bias) {
     bias = Tensor<T>({out_features});
-    for (T& v : bias.values()) v = static_cast<T>(gen.uniform(-bound, bound));
+    for (T& v : bias.values()) v = narrow<T>(gen.uniform(-bound, bound));
     grad_bias = Tensor<T>(bias.shape());
   }
 }
@@ -241,6 +241,7 @@ std::vector<Parameter<T>> Linear<T>::parameters() {
   template class Linear<T>;
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bfloat16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

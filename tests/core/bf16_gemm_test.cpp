@@ -13,6 +13,7 @@
 
 #include "../support/assertions.h"
 #include "mha/core/bf16_gemm.h"
+#include "mha/core/gemm.h"
 #include "mha/core/random.h"
 
 namespace {
@@ -262,6 +263,63 @@ TEST(Bf16PackedLinear, BadInputsAreErrorsNamingTheArgument) {
   EXPECT_TRUE(throws_error([&] { linear.forward(Tensor<bfloat16>({2, 4})); }, {"q: input", "(..., 3)", "[2, 4]"}));
   Tensor<bfloat16> wrong({2, 5});
   EXPECT_TRUE(throws_error([&] { linear.forward(Tensor<bfloat16>({2, 3}), wrong); }, {"q: output", "[2, 4]", "[2, 5]"}));
+}
+
+// gemm<bfloat16>, the bfloat16 layers' BLAS-style product: every transposition, beta 0 (C ignored,
+// NaN there included) and 1, both product paths; each element within γ_(k+1)·(|beta·C| + Σ|a·b|)
+// of the exact value plus its rounding to bfloat16 (2⁻⁸ relative); bitwise the same on 1 and 2
+// threads.
+TEST(Bf16Gemm, BlasStyleGemmRoundsOnce) {
+  mha::Generator gen(33);
+  const int64_t m = 70, n = 130, k = 45;
+  for (bool fallback : fallbacks())
+    for (auto ta : {mha::Transpose::no, mha::Transpose::yes})
+      for (auto tb : {mha::Transpose::no, mha::Transpose::yes})
+        for (double beta : {0.0, 1.0}) {
+          // A stored m × k (or k × m), B stored k × n (or n × k), C m × n with a wider stride.
+          const int64_t lda = ta == mha::Transpose::no ? k + 3 : m + 1, ldb = tb == mha::Transpose::no ? n : k, ldc = n + 5;
+          const std::vector<bfloat16> a = uniform(static_cast<size_t>((ta == mha::Transpose::no ? m : k) * lda), gen);
+          const std::vector<bfloat16> b = uniform(static_cast<size_t>((tb == mha::Transpose::no ? k : n) * ldb), gen);
+          std::vector<bfloat16> c0 = uniform(static_cast<size_t>(m * ldc), gen);
+          if (beta == 0.0) c0[3] = bfloat16{0x7fc0};  // NaN: ignored
+          auto at = [&](int64_t r, int64_t kk) {
+            return mha::to_float(ta == mha::Transpose::no ? a[static_cast<size_t>(r * lda + kk)] : a[static_cast<size_t>(kk * lda + r)]);
+          };
+          auto bt = [&](int64_t kk, int64_t j) {
+            return mha::to_float(tb == mha::Transpose::no ? b[static_cast<size_t>(kk * ldb + j)] : b[static_cast<size_t>(j * ldb + kk)]);
+          };
+          std::optional<bg::ScopedFloat32Fallback> pin;
+          if (fallback) pin.emplace();
+          std::vector<bfloat16> one = c0, two = c0;
+          const int saved = omp_get_max_threads();
+          omp_set_num_threads(1);
+          mha::gemm<bfloat16>(ta, tb, m, n, k, mha::to_bfloat16(1.0f), a.data(), lda, b.data(), ldb,
+                              mha::to_bfloat16(static_cast<float>(beta)), one.data(), ldc);
+          omp_set_num_threads(2);
+          mha::gemm<bfloat16>(ta, tb, m, n, k, mha::to_bfloat16(1.0f), a.data(), lda, b.data(), ldb,
+                              mha::to_bfloat16(static_cast<float>(beta)), two.data(), ldc);
+          omp_set_num_threads(saved);
+          const double u = std::ldexp(1.0, -24), gamma = (k + 1) * u / (1 - (k + 1) * u);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t i = static_cast<size_t>(r * ldc + j);
+              ASSERT_EQ(one[i].bits, two[i].bits) << "row " << r << ", column " << j;
+              if (j >= n) {
+                ASSERT_EQ(one[i].bits, c0[i].bits) << "past n";
+                continue;
+              }
+              double exact = beta == 0.0 ? 0.0 : beta * mha::to_float(c0[i]), magnitude = std::abs(exact);
+              for (int64_t kk = 0; kk < k; ++kk) {
+                const double p = static_cast<double>(at(r, kk)) * bt(kk, j);
+                exact += p;
+                magnitude += std::abs(p);
+              }
+              const double f = gamma * magnitude, bound = f + std::ldexp(1.0, -8) * (std::abs(exact) + f) + 1e-37;
+              ASSERT_LE(std::abs(mha::to_float(one[i]) - exact), bound)
+                  << (fallback ? "fallback" : "bf16") << (ta == mha::Transpose::yes ? " Aᵀ" : " A")
+                  << (tb == mha::Transpose::yes ? " Bᵀ" : " B") << " beta " << beta << ", row " << r << ", column " << j;
+            }
+        }
 }
 
 }  // namespace

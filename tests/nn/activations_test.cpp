@@ -166,6 +166,27 @@ TEST(GELU, ForBfloat16IsWithinItsDerivedBoundOfTheExactValue) {
   }
 }
 
+// GELU on bfloat16: forward and backward computed in float from the widened values, each result
+// rounded once (2⁻⁸ relative): within that and the float computation's own error (gelu_for_bfloat16's
+// bound above for the forward, a few float units for the derivative) of the exact values.
+TEST(GELU, Bfloat16) {
+  Generator gen(19);
+  const Tensor<mha::bfloat16> x = mha::cast<mha::bfloat16>(random_tensor({3, 700}, gen, -6, 6));
+  const Tensor<mha::bfloat16> go = mha::cast<mha::bfloat16>(random_tensor({3, 700}, gen, -1, 1));
+  for (GeluApproximation a : {GeluApproximation::none, GeluApproximation::tanh}) {
+    const Tensor<mha::bfloat16> y = mha::nn::gelu(x, a), g = mha::nn::gelu_backward(x, go, a);
+    const Tensor<double> y64 = mha::nn::gelu(mha::cast<double>(x), a);
+    const Tensor<double> g64 = mha::nn::gelu_backward(mha::cast<double>(x), mha::cast<double>(go), a);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double a2 = std::pow(mha::to_float(x[i]), 2) / 2, u = std::ldexp(1.0, -24);
+      EXPECT_LE(std::abs(mha::to_float(y[i]) - y64[i]), (std::ldexp(1.0, -8) + 1.2e-7 + (5 * a2 + 16) * u) * std::abs(y64[i]) + 1e-37)
+          << mha::nn::gelu_approximation_name(a) << ", x = " << mha::to_float(x[i]);
+      EXPECT_LE(std::abs(mha::to_float(g[i]) - g64[i]), (std::ldexp(1.0, -8) + 64 * u) * std::abs(g64[i]) + 1e-37)
+          << mha::nn::gelu_approximation_name(a) << " backward, x = " << mha::to_float(x[i]);
+    }
+  }
+}
+
 TEST(GELU, FloatMatchesDouble) {
   Generator gen(3);
   const Tensor<double> x = random_tensor({50}, gen, -5, 5);

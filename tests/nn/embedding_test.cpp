@@ -151,4 +151,30 @@ TEST(Embedding, BadInputsThrowTellingErrors) {
       {"Embedding::backward: grad_output: expected shape [2, 2, 3], got [2, 3]"}));
 }
 
+// bfloat16: the forward copies rows (bit for bit); the backward adds each gradient row in float and
+// rounds the sum (2⁻⁸ relative per addition: an index seen c times is within c·2⁻⁸·Σ|g| of the
+// exact sum of its rows); padding_idx gets nothing.
+TEST(Embedding, Bfloat16) {
+  using mha::bfloat16;
+  Generator gen(12);
+  Embedding<bfloat16> emb(7, 5, 3, gen);
+  const Tensor<int64_t> idx({6}, {1, 4, 1, 3, 1, 6});
+  Embedding<bfloat16>::Cache cache;
+  const Tensor<bfloat16> y = emb.forward(idx, &cache);
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < 5; ++j) ASSERT_EQ(y[i * 5 + j].bits, emb.weight[idx[i] * 5 + j].bits);
+  const Tensor<bfloat16> g = mha::cast<bfloat16>(random_tensor({6, 5}, gen, -1, 1));
+  emb.backward(g, cache);
+  for (int64_t row = 0; row < 7; ++row)
+    for (int64_t j = 0; j < 5; ++j) {
+      double exact = 0, magnitude = 0;
+      int count = 0;
+      for (int64_t i = 0; i < 6; ++i)
+        if (idx[i] == row && row != 3) exact += mha::to_float(g[i * 5 + j]), magnitude += std::abs(mha::to_float(g[i * 5 + j])), ++count;
+      EXPECT_LE(std::abs(mha::to_float(emb.grad_weight[row * 5 + j]) - exact), count * std::ldexp(magnitude, -8))
+          << "row " << row << ", column " << j;
+    }
+  for (int64_t j = 0; j < 5; ++j) EXPECT_EQ(mha::to_float(emb.weight[3 * 5 + j]), 0.0f);  // padding_idx
+}
+
 }  // namespace

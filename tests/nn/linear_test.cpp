@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "../support/gradient_check.h"
 #include "../support/assertions.h"
@@ -159,6 +160,51 @@ TEST(Linear, FloatMatchesDouble) {
   Generator gx(9);
   const Tensor<double> x = random_tensor({3, 4, 5}, gx);
   EXPECT_TRUE(all_close(lf.forward(mha::cast<float>(x)), ld.forward(x), 1e-5, 1e-6));
+}
+
+// bfloat16 (gemm<bfloat16>: exact bf16 products summed in float, each result rounded once): the
+// output and every gradient against the same values in double, within γ_(k+1)·(Σ|terms|) of the
+// exact sum (k terms and a bias or the zero the gradient starts from; Higham §3.1, u = 2⁻²⁴) plus
+// bfloat16's rounding, 2⁻⁸ relative; the bias gradient is a double sum rounded through float.
+TEST(Linear, Bfloat16RoundsEachResultOnce) {
+  using mha::bfloat16;
+  Generator gen(10);
+  Linear<bfloat16> layer(37, 21, gen);
+  const Tensor<bfloat16> x = mha::cast<bfloat16>(random_tensor({2, 9, 37}, gen, -2, 2));
+  const Tensor<bfloat16> g = mha::cast<bfloat16>(random_tensor({2, 9, 21}, gen, -1, 1));
+  Linear<bfloat16>::Cache cache;
+  const Tensor<bfloat16> y = layer.forward(x, &cache);
+  const Tensor<bfloat16> gx = layer.backward(g, cache);
+  const int64_t rows = 18, in = 37, out = 21;
+  const Tensor<double> xd = mha::cast<double>(x), gd = mha::cast<double>(g), w = mha::cast<double>(layer.weight),
+                       b = mha::cast<double>(layer.bias);
+  const double u = std::ldexp(1.0, -24);
+  auto within = [&](double got, double exact, double magnitude, int64_t k, const std::string& what) {
+    const double f = (k + 1) * u / (1 - (k + 1) * u) * magnitude;
+    EXPECT_LE(std::abs(got - exact), f + std::ldexp(1.0, -8) * (std::abs(exact) + f) + 1e-37) << what;
+  };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double exact = b[o], magnitude = std::abs(b[o]);
+      for (int64_t i = 0; i < in; ++i) exact += xd[r * in + i] * w[o * in + i], magnitude += std::abs(xd[r * in + i] * w[o * in + i]);
+      within(mha::to_float(y[r * out + o]), exact, magnitude, in, "y " + std::to_string(r) + "," + std::to_string(o));
+    }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < in; ++i) {
+      double exact = 0, magnitude = 0;
+      for (int64_t o = 0; o < out; ++o) exact += gd[r * out + o] * w[o * in + i], magnitude += std::abs(gd[r * out + o] * w[o * in + i]);
+      within(mha::to_float(gx[r * in + i]), exact, magnitude, out, "grad_input");
+    }
+  for (int64_t o = 0; o < out; ++o) {
+    double bias_sum = 0;
+    for (int64_t i = 0; i < in; ++i) {
+      double exact = 0, magnitude = 0;
+      for (int64_t r = 0; r < rows; ++r) exact += gd[r * out + o] * xd[r * in + i], magnitude += std::abs(gd[r * out + o] * xd[r * in + i]);
+      within(mha::to_float(layer.grad_weight[o * in + i]), exact, magnitude, rows, "grad_weight");
+    }
+    for (int64_t r = 0; r < rows; ++r) bias_sum += gd[r * out + o];
+    EXPECT_LE(std::abs(mha::to_float(layer.grad_bias[o]) - bias_sum), std::ldexp(std::abs(bias_sum), -8) + 1e-7) << "grad_bias";
+  }
 }
 
 TEST(Linear, EmptyAndDegenerateSizes) {

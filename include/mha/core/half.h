@@ -99,6 +99,12 @@ T narrow(F x) {
   else if constexpr (std::is_same_v<T, float16>) return to_float16(x);
   else return static_cast<T>(x);
 }
+// into += v for a gradient summed in double: v rounded to T's computing type first (what the float
+// layers always did), then added there; a half type's sum is rounded once more as it is stored.
+template <class T>
+void accumulate(T& into, double v) {
+  into = narrow<T>(widen(into) + static_cast<decltype(widen(into))>(v));
+}
 // Whether T is one of the 16-bit storage types.
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
