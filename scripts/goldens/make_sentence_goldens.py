@@ -13,6 +13,7 @@ Writes tests/goldens/sentence/minilm.safetensors:
                its embeddings widened to float: the bar of mha's bfloat16 encoder
   hidden_f32, hidden_f64         (2, L2, 384): last_hidden_state of the first two sentences,
                padded to the longer of the two (attention_mask rows 0 and 1 say which are real)
+  hidden_bf16    the same from the bfloat16 model, widened to F32
 
     python3 scripts/goldens/make_sentence_goldens.py      (needs torch, sentence-transformers)
 """
@@ -103,6 +104,7 @@ def main():
     with torch.no_grad():
         h32 = model(dict(two))["token_embeddings"]
         h64 = model64(dict(two))["token_embeddings"]
+        h16 = model16(dict(two))["token_embeddings"]
     blob = b"".join(s.encode("utf-8") + b"\0" for s in SENTENCES)
     tensors = {
         "sentences": torch.tensor(list(blob), dtype=torch.uint8),
@@ -113,6 +115,7 @@ def main():
         "embedding_bf16": bf16["sentence_embedding"].float(),
         "hidden_f32": h32.float(),
         "hidden_f64": h64.double(),
+        "hidden_bf16": h16.float(),
     }
     import sentence_transformers
     import transformers

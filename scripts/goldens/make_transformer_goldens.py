@@ -7,6 +7,9 @@ One file per case, tests/goldens/transformer/<case>.safetensors:
   param.<name>                    the module's state_dict (float64)
   output_f64, grad.src_f64, grad.<name>_f64              PyTorch in float64
   output_f32, grad.src_f32, grad.<name>_f32              PyTorch in float32 (same weights, rounded)
+  output_bf16, grad.src_bf16, grad.<name>_bf16           PyTorch in bfloat16 (same weights and inputs
+                                                         rounded), stored widened to F32: the bar of
+                                                         mha's bfloat16 layers
   metadata: the options (d_model, nhead, dim_feedforward, activation, layer_norm_eps, batch_first,
   norm_first, bias, is_causal, num_layers, final_norm) and how to regenerate.
 
@@ -25,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from canonical_writer import save_canonical  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "tests", "goldens", "transformer")
+OUT = os.environ.get("MHA_GOLDENS_OUT", os.path.join(ROOT, "tests", "goldens", "transformer"))
 
 E, H, FF, N, S = 16, 4, 24, 2, 6
 
@@ -97,7 +100,7 @@ def make(name, o, gen):
     tensors["src"], tensors["grad_output"] = src, grad_output
     for pname, p in module.state_dict().items():
         tensors["param." + pname] = p.detach().clone()
-    for suffix, dtype in (("f64", torch.float64), ("f32", torch.float32)):
+    for suffix, dtype in (("f64", torch.float64), ("f32", torch.float32), ("bf16", torch.bfloat16)):
         m = module.to(dtype)
         x = src.to(dtype).requires_grad_()
         kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
@@ -106,10 +109,11 @@ def make(name, o, gen):
         out = m(x, **kw)
         params = dict(m.named_parameters())
         grads = torch.autograd.grad(out, [x] + list(params.values()), grad_output.to(dtype))
-        tensors["output_" + suffix] = out.detach()
-        tensors["grad.src_" + suffix] = grads[0]
+        stored = (lambda t: t.float()) if dtype == torch.bfloat16 else (lambda t: t)
+        tensors["output_" + suffix] = stored(out.detach())
+        tensors["grad.src_" + suffix] = stored(grads[0])
         for (pname, _), g in zip(params.items(), grads[1:]):
-            tensors[f"grad.{pname}_{suffix}"] = g
+            tensors[f"grad.{pname}_{suffix}"] = stored(g)
     meta = {
         "regenerate": "python3 scripts/goldens/make_transformer_goldens.py",
         "d_model": str(E), "nhead": str(H), "dim_feedforward": str(FF), "activation": act,

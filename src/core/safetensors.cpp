@@ -92,13 +92,25 @@ constexpr const char* type_name() {
   else if constexpr (std::is_same_v<T, bool>) return "bool";
   else if constexpr (std::is_same_v<T, int64_t>) return "int64";
   else if constexpr (std::is_same_v<T, int32_t>) return "int32";
+  else if constexpr (std::is_same_v<T, bfloat16>) return "bfloat16";
+  else if constexpr (std::is_same_v<T, float16>) return "float16";
   else static_assert(!sizeof(T), "unsupported element type");
+}
+
+// The dtype a floating element type is stored as when it is stored as itself.
+template <class T>
+constexpr DType own_dtype() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  else if constexpr (std::is_same_v<T, double>) return DType::F64;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::BF16;
+  else return DType::F16;
 }
 
 // Streams int8/uint8 as numbers rather than characters.
 template <class V>
 auto printable(V value) {
   if constexpr (std::is_integral_v<V>) return static_cast<long long>(value);
+  else if constexpr (is_half_v<V>) return widen(value);
   else return value;
 }
 
@@ -107,7 +119,11 @@ auto printable(V value) {
 // nearest, overflowing to inf, as static_cast does on IEEE hosts).
 template <class To, class From>
 std::optional<To> convert_element(From value) {
-  if constexpr (std::is_floating_point_v<To>) {
+  if constexpr (is_half_v<From>) {
+    return convert_element<To>(widen(value));  // exact in float
+  } else if constexpr (is_half_v<To>) {
+    return narrow<To>(static_cast<double>(value));  // rounded once (from a whole number: exact first)
+  } else if constexpr (std::is_floating_point_v<To>) {
     return static_cast<To>(value);
   } else if constexpr (std::is_same_v<To, bool>) {
     if (value == From{0}) return false;
@@ -187,8 +203,9 @@ Tensor<T> to_tensor(const TensorRef& data, const std::string& name) {
         mha::to_string(data.shape), " of ", to_string(data.dtype), " needs ", needed);
   auto out = Tensor<T>::uninitialized(data.shape);  // every element is written below
   // Stored as T itself (F32 into float, F64 into double): the bytes are the values.
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (data.dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
+  // (And BF16 into bfloat16, F16 into float16: their bits as they are.)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>) {
+    if (data.dtype == own_dtype<T>()) {
       if (needed > 0) std::memcpy(out.data(), data.bytes.data(), data.bytes.size());
       return out;
     }
@@ -226,6 +243,7 @@ TensorData from_tensor(const Tensor<T>& tensor) {
   else if constexpr (std::is_same_v<T, bool>) return from_tensor(tensor, DType::BOOL);
   else if constexpr (std::is_same_v<T, int64_t>) return from_tensor(tensor, DType::I64);
   else if constexpr (std::is_same_v<T, int32_t>) return from_tensor(tensor, DType::I32);
+  else if constexpr (is_half_v<T>) return from_tensor(tensor, own_dtype<T>());
   else static_assert(!sizeof(T), "unsupported element type");
 }
 
@@ -235,9 +253,10 @@ template <class T>
 TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
   check(tensor.defined(), "safetensors::from_tensor: the tensor is undefined (default-constructed)");
   TensorData data{dtype, tensor.shape(), {}};
-  // Stored as T itself (float as F32, double as F64): the values are the bytes.
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (dtype == (std::is_same_v<T, float> ? DType::F32 : DType::F64)) {
+  // Stored as T itself (float as F32, double as F64, bfloat16 as BF16, float16 as F16): the values
+  // are the bytes.
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>) {
+    if (dtype == own_dtype<T>()) {
       // Constructed from the range: one pass (resize then memcpy wrote every byte twice).
       const auto* first = reinterpret_cast<const std::byte*>(tensor.data());
       data.bytes.assign(first, first + static_cast<size_t>(tensor.numel()) * sizeof(T));
@@ -245,8 +264,8 @@ TensorData from_tensor(const Tensor<T>& tensor, DType dtype) {
     }
   }
   // Rounded once, from the double (mha/core/half.h): a double rounded through float would round twice.
-  const auto to_f16 = [](T value, int64_t) { return to_float16(static_cast<double>(value)); };
-  const auto to_bf16 = [](T value, int64_t) { return to_bfloat16(static_cast<double>(value)); };
+  const auto to_f16 = [](T value, int64_t) { return *convert_element<float16>(value); };
+  const auto to_bf16 = [](T value, int64_t) { return *convert_element<bfloat16>(value); };
   switch (dtype) {
     case DType::BOOL: {
       const auto to_bool = checked_encoder<bool, T>(dtype);
@@ -290,6 +309,8 @@ MHA_INSTANTIATE(double)
 MHA_INSTANTIATE(bool)
 MHA_INSTANTIATE(int64_t)
 MHA_INSTANTIATE(int32_t)
+MHA_INSTANTIATE(bfloat16)
+MHA_INSTANTIATE(float16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::safetensors

@@ -228,7 +228,8 @@ Tensor<T> BertModel<T>::embed(const Tensor<int64_t>& input_ids) const {
       const T* p = position_embeddings.data() + l * H;
       const T* t = token_type_embeddings.data();  // token type 0: one sentence per input
       T* out = x.data() + (n * L + l) * H;
-      for (int64_t h = 0; h < H; ++h) out[h] = w[h] + t[h] + p[h];  // Hugging Face's order of additions
+      for (int64_t h = 0; h < H; ++h)  // Hugging Face's order of additions (bfloat16: in float, rounded once)
+        out[h] = narrow<T>(widen(w[h]) + widen(t[h]) + widen(p[h]));
     }
   }
   return embeddings_norm.forward(x);
@@ -248,6 +249,7 @@ Tensor<T> BertModel<T>::forward(const Tensor<int64_t>& input_ids, const Tensor<i
 
 template class BertModel<float>;
 template class BertModel<double>;
+template class BertModel<bfloat16>;
 
 template <class T>
 PackedBert<T>::PackedBert(BertModel<float>& model) : model_(&model) {

@@ -37,9 +37,10 @@ Tensor<T> dropout_apply(const Tensor<T>& x, const Tensor<bool>& keep, double p) 
   check(keep.defined(), "dropout_apply: keep: expected a mask of shape ", to_string(x.shape()),
         ", got an undefined tensor");
   check_shape(keep.shape(), x.shape(), "dropout_apply: keep");
-  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
+  using W = widened_t<T>;  // bfloat16: scaled in float, rounded once
+  const W scale = p < 1.0 ? static_cast<W>(1.0 / (1.0 - p)) : W{0};
   Tensor<T> y(x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = keep[i] ? x[i] * scale : T{0};
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = keep[i] ? narrow<T>(widen(x[i]) * scale) : narrow<T>(0.0);
   return y;
 }
 
@@ -81,7 +82,9 @@ Tensor<T> Dropout<T>::backward(const Tensor<T>& grad_output, const Cache& cache)
 
 template Tensor<float> dropout_apply(const Tensor<float>&, const Tensor<bool>&, double);
 template Tensor<double> dropout_apply(const Tensor<double>&, const Tensor<bool>&, double);
+template Tensor<bfloat16> dropout_apply(const Tensor<bfloat16>&, const Tensor<bool>&, double);
 template class Dropout<float>;
 template class Dropout<double>;
+template class Dropout<bfloat16>;
 
 }  // namespace mha::nn

@@ -164,11 +164,14 @@ namespace {
 template <class T>
 Tensor<T> mean_over_heads(const Tensor<T>& w) {
   const int64_t n = w.size(0), heads = w.size(1), len = w.size(2), s = w.size(3);
-  Tensor<T> mean({n, len, s});
+  using W = widened_t<T>;  // bfloat16 sums in float, rounded once
+  Tensor<T> mean = Tensor<T>::uninitialized({n, len, s});
   for (int64_t b = 0; b < n; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < len * s; ++i) mean[b * len * s + i] += w[(b * heads + h) * len * s + i];
-  for (auto& x : mean.values()) x /= static_cast<T>(heads);
+    for (int64_t i = 0; i < len * s; ++i) {
+      W sum = 0;
+      for (int64_t h = 0; h < heads; ++h) sum += widen(w[(b * heads + h) * len * s + i]);
+      mean[b * len * s + i] = narrow<T>(sum / static_cast<W>(heads));
+    }
   return mean;
 }
 
@@ -465,7 +468,8 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
     for (auto [grad, from] : {std::pair<const View<T>*, const Tensor<T>*>{&grads.bias_k, &grad_k}, {&grads.bias_v, &grad_v}}) {
       if (!grad->defined()) continue;
       for (int64_t b = 0; b < n; ++b)
-        for (int64_t d = 0; d < e; ++d) grad->data()[d] += (*from)[(b * s + s - 1) * e + d];
+        for (int64_t d = 0; d < e; ++d)
+          grad->data()[d] = narrow<T>(widen(grad->data()[d]) + widen((*from)[(b * s + s - 1) * e + d]));
     }
     grad_k = drop_last_row(grad_k);
     grad_v = drop_last_row(grad_v);
@@ -563,6 +567,7 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
   template class MultiheadAttention<T>;
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
+MHA_INSTANTIATE(bfloat16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

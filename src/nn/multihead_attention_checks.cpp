@@ -105,6 +105,8 @@ template void check_weights(const MultiheadAttentionOptions&, const MultiheadAtt
 template void check_weights(const MultiheadAttentionOptions&, const MultiheadAttentionWeights<double>&);
 template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<float>&);
 template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<double>&);
+template void check_weights(const MultiheadAttentionOptions&, const MultiheadAttentionWeights<bfloat16>&);
+template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<bfloat16>&);
 
 }  // namespace detail
 }  // namespace mha::nn

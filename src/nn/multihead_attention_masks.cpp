@@ -111,7 +111,9 @@ MultiheadAttentionMasks<T> multihead_attention_masks(const MultiheadAttentionOpt
       blocked = blocked ? broadcast_combine(*blocked, *b, std::logical_or<bool>()) : *b;
     } else {
       const Tensor<T>& f = std::get<Tensor<T>>(**mask);
-      out.additive_mask = out.additive_mask ? broadcast_combine(*out.additive_mask, f, std::plus<T>()) : f;
+      // (bfloat16 masks added in float, the sum rounded once)
+      auto add = [](T a, T b) { return narrow<T>(widen(a) + widen(b)); };
+      out.additive_mask = out.additive_mask ? broadcast_combine(*out.additive_mask, f, add) : f;
     }
   }
 
@@ -132,5 +134,8 @@ template MultiheadAttentionMasks<float> multihead_attention_masks(const Multihea
 template MultiheadAttentionMasks<double> multihead_attention_masks(const MultiheadAttentionOptions&,
                                                                    const MultiheadAttentionArgs<double>&, int64_t,
                                                                    int64_t, int64_t, bool);
+template MultiheadAttentionMasks<bfloat16> multihead_attention_masks(const MultiheadAttentionOptions&,
+                                                                     const MultiheadAttentionArgs<bfloat16>&, int64_t,
+                                                                     int64_t, int64_t, bool);
 
 }  // namespace mha::nn

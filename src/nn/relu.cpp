@@ -6,7 +6,7 @@ template <class T>
 Tensor<T> relu(const Tensor<T>& x) {
   check(x.defined(), "relu: input: expected a tensor, got an undefined tensor");
   Tensor<T> y(x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T{0} ? x[i] : T{0};
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = widen(x[i]) > 0 ? x[i] : narrow<T>(0.0);
   return y;
 }
 
@@ -17,7 +17,7 @@ Tensor<T> relu_backward(const Tensor<T>& x, const Tensor<T>& grad_output) {
         ", got an undefined tensor");
   check_shape(grad_output.shape(), x.shape(), "relu_backward: grad_output");
   Tensor<T> g(x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) g[i] = x[i] > T{0} ? grad_output[i] : T{0};
+  for (int64_t i = 0; i < x.numel(); ++i) g[i] = widen(x[i]) > 0 ? grad_output[i] : narrow<T>(0.0);
   return g;
 }
 
@@ -41,9 +41,12 @@ Tensor<T> ReLU<T>::backward(const Tensor<T>& grad_output, const Cache& cache) co
 
 template Tensor<float> relu(const Tensor<float>&);
 template Tensor<double> relu(const Tensor<double>&);
+template Tensor<bfloat16> relu(const Tensor<bfloat16>&);
 template Tensor<float> relu_backward(const Tensor<float>&, const Tensor<float>&);
 template Tensor<double> relu_backward(const Tensor<double>&, const Tensor<double>&);
+template Tensor<bfloat16> relu_backward(const Tensor<bfloat16>&, const Tensor<bfloat16>&);
 template class ReLU<float>;
 template class ReLU<double>;
+template class ReLU<bfloat16>;
 
 }  // namespace mha::nn

@@ -222,5 +222,7 @@ template class TransformerEncoderLayer<float>;
 template class TransformerEncoderLayer<double>;
 template class TransformerEncoder<float>;
 template class TransformerEncoder<double>;
+template class TransformerEncoderLayer<bfloat16>;
+template class TransformerEncoder<bfloat16>;
 
 }  // namespace mha::nn

@@ -544,6 +544,32 @@ TEST(SafetensorsConvert, DefaultDTypes) {
   EXPECT_EQ(st::from_tensor(mha::Tensor<bool>({1})).dtype, DType::BOOL);
   EXPECT_EQ(st::from_tensor(mha::Tensor<int64_t>({1})).dtype, DType::I64);
   EXPECT_EQ(st::from_tensor(mha::Tensor<int32_t>({1})).dtype, DType::I32);
+  EXPECT_EQ(st::from_tensor(mha::Tensor<mha::bfloat16>({1})).dtype, DType::BF16);
+  EXPECT_EQ(st::from_tensor(mha::Tensor<mha::float16>({1})).dtype, DType::F16);
+}
+
+// bfloat16 and float16 tensors read and write their own dtype as the bits they are (a signaling
+// NaN included), and convert to and from every other dtype rounding once.
+TEST(SafetensorsConvert, HalfTensorsAsTheyAre) {
+  const mha::Tensor<mha::bfloat16> bf({4}, {mha::bfloat16{0x3F81}, mha::bfloat16{0x7F81}, mha::bfloat16{0x8000},
+                                            mha::bfloat16{0x0001}});
+  const st::TensorData stored = st::from_tensor(bf);
+  ASSERT_EQ(stored.bytes.size(), 8u);
+  const mha::Tensor<mha::bfloat16> back = st::to_tensor<mha::bfloat16>(stored, "x");
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(back[i].bits, bf[i].bits) << i;
+  const mha::Tensor<mha::float16> f16({2}, {mha::float16{0x3C01}, mha::float16{0x7C01}});
+  const mha::Tensor<mha::float16> f16_back = st::to_tensor<mha::float16>(st::from_tensor(f16), "x");
+  EXPECT_EQ(f16_back[0].bits, 0x3C01);
+  EXPECT_EQ(f16_back[1].bits, 0x7C01);
+  // Across dtypes: F64 → bfloat16 rounds once from the double; bfloat16 → F32 and F16 → bfloat16.
+  const st::TensorData wide = st::from_tensor(mha::Tensor<double>({1}, {1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)}));
+  EXPECT_EQ(st::to_tensor<mha::bfloat16>(wide, "x")[0].bits, 0x3F81);
+  EXPECT_EQ(st::to_tensor<float>(stored, "x")[0], 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(st::to_tensor<mha::bfloat16>(st::from_tensor(f16), "x")[0].bits, 0x3F80);  // 1 + 2⁻¹⁰ → 1
+  EXPECT_EQ(st::from_tensor(bf, DType::F32).dtype, DType::F32);
+  EXPECT_EQ(st::to_tensor<float>(st::from_tensor(bf, DType::F32), "x")[0], 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(st::to_tensor<mha::bfloat16>(st::from_tensor(mha::Tensor<int64_t>({1}, {257})), "x")[0].bits, 0x4380);
+  EXPECT_TRUE(mha::testing::throws_error([&] { st::to_tensor<int64_t>(stored, "x"); }, {"element 0", "does not fit", "int64"}));
 }
 
 TEST(SafetensorsConvert, AcrossDTypes) {

@@ -35,7 +35,7 @@ using mha::testing::throws_error;
 struct Goldens {
   std::vector<std::string> sentences;
   Tensor<int64_t> input_ids, attention_mask;
-  Tensor<double> embedding_f32, embedding_f64, embedding_bf16, hidden_f32, hidden_f64;
+  Tensor<double> embedding_f32, embedding_f64, embedding_bf16, hidden_f32, hidden_f64, hidden_bf16;
 };
 
 const Goldens& goldens() {
@@ -59,6 +59,7 @@ const Goldens& goldens() {
     out.embedding_bf16 = file.to_tensor<double>("embedding_bf16");
     out.hidden_f32 = file.to_tensor<double>("hidden_f32");
     out.hidden_f64 = file.to_tensor<double>("hidden_f64");
+    out.hidden_bf16 = file.to_tensor<double>("hidden_bf16");
     return out;
   }();
   return g;
@@ -184,7 +185,7 @@ TEST(SentenceEncoder, HiddenStatesOfEveryPathMatchPyTorch) {
   auto real_rows = [&](const auto& t) {
     Tensor<double> out({2 * L, 384});
     for (int64_t i = 0; i < 2 * L; ++i)
-      for (int64_t h = 0; h < 384; ++h) out[i * 384 + h] = mask[i] != 0 ? static_cast<double>(t[i * 384 + h]) : 0.0;
+      for (int64_t h = 0; h < 384; ++h) out[i * 384 + h] = mask[i] != 0 ? static_cast<double>(mha::widen(t[i * 384 + h])) : 0.0;
     return out;
   };
   const Tensor<double> f32 = real_rows(g.hidden_f32), f64 = real_rows(g.hidden_f64);
@@ -197,6 +198,28 @@ TEST(SentenceEncoder, HiddenStatesOfEveryPathMatchPyTorch) {
   double err = 0;
   for (int64_t i = 0; i < ours64.numel(); ++i) err = std::max(err, std::abs(ours64[i] - f64[i]));
   EXPECT_LE(err, 1e-9) << "double model against PyTorch float64";
+  // bfloat16, the layers' own forward (BertModel<bfloat16>: every weight rounded, Linear on
+  // gemm<bfloat16>, MultiheadAttention, LayerNorm, GELU in bfloat16) and the packed path: each
+  // token's state at most twice as far (Euclidean) from float64's as sentence-transformers'
+  // bfloat16 model's.
+  const Tensor<double> bf16 = real_rows(g.hidden_bf16);
+  BertModel<mha::bfloat16> model16 = BertModel<mha::bfloat16>::from_directory(minilm_dir());
+  const mha::models::PackedBert<mha::bfloat16> packed16(model);
+  for (const auto& [what, ours] : {std::pair{"layers bfloat16", real_rows(model16.forward(ids, mask))},
+                                   std::pair{"packed bfloat16", real_rows(packed16.forward(ids, mask))}}) {
+    double worst = 0;
+    for (int64_t r = 0; r < 2 * L; ++r) {
+      if (mask[r] == 0) continue;
+      double ours_d = 0, torch_d = 0;
+      for (int64_t h = 0; h < 384; ++h) {
+        ours_d += std::pow(ours[r * 384 + h] - f64[r * 384 + h], 2);
+        torch_d += std::pow(bf16[r * 384 + h] - f64[r * 384 + h], 2);
+      }
+      EXPECT_LE(std::sqrt(ours_d), 2 * std::sqrt(torch_d)) << what << ", token " << r;
+      worst = std::max(worst, std::sqrt(ours_d / torch_d));
+    }
+    std::printf("%s: largest distance ratio to sentence-transformers bfloat16 over the tokens %.2f\n", what, worst);
+  }
 }
 
 TEST(SentenceEncoder, BatchSizeAndThreadCountChangeNothing) {

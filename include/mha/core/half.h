@@ -83,6 +83,11 @@ inline float16 to_float16(float f) {
 // ±inf, gradual underflow to subnormals, NaN quiet with the top of its payload. Rounding through
 // float would round twice (1 + 2⁻¹¹ + 2⁻⁴⁰ would become 1 in float16, not 1 + 2⁻¹⁰). For a
 // double that holds a float, the same bits as the float overloads above.
+// (Declared here, before narrow: a double argument must find these overloads, not the float
+// ones, which would round it twice.)
+bfloat16 to_bfloat16(double value);
+float16 to_float16(double value);
+
 // widen(x): x as the type it is computed in, float for the half types (float and double are
 // their own); narrow<T>(x): a float result stored as T, rounded once. The one pair the kernels use
 // where they read or write an operand that may be float, bfloat16 or float16 (from a float or a
@@ -109,8 +114,6 @@ void accumulate(T& into, double v) {
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
-bfloat16 to_bfloat16(double value);
-float16 to_float16(double value);
 
 // out[i] = in[i] converted, for i < count (Highway-dispatched; same bits as the scalar functions).
 void convert(const bfloat16* in, float* out, size_t count);
