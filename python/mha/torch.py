@@ -15,11 +15,11 @@ keeps them in one graph. They run mha's C++ kernels on the tensors' own memory: 
 viewed as a numpy array (Tensor.numpy(), no copy) and goes through the same code as the numpy
 API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
 
-Attention takes float32, float64, float16 and bfloat16 tensors (bfloat16 read in place as
-ml_dtypes.bfloat16 arrays); nn.MultiheadAttention float32 and float64. Inputs mha does not take
-(another device, nested or sparse tensors, a float mask that needs a gradient, a half-precision
-nn.MultiheadAttention) go to PyTorch's own scaled_dot_product_attention or
-nn.MultiheadAttention.forward, with a warning the first time for each reason.
+Attention and nn.MultiheadAttention take float32, float64, float16 and bfloat16 tensors (bfloat16
+read in place as ml_dtypes.bfloat16 arrays). Inputs mha does not take (another device, nested or
+sparse tensors, a float mask that needs a gradient) go to PyTorch's own
+scaled_dot_product_attention or nn.MultiheadAttention.forward, with a warning the first time for
+each reason.
 """
 
 import contextlib
@@ -380,8 +380,18 @@ _PARAMETER_NAMES = tuple(name.replace("out_proj_", "out_proj.") for name in _PAR
 
 def _memory(t):
     # mha reads row-major memory: a tensor that is not is copied once here (torch's parameters and
-    # batch-first inputs already are).
-    return None if t is None else t.detach().contiguous().numpy()
+    # batch-first inputs already are). float16 and bfloat16 go as their uint16 bits.
+    return None if t is None else _core._bits(_numpy(t.detach().contiguous()))
+
+
+def _from_mha(array, dtype):
+    # An array the binding returned as a tensor of `dtype` (a half type's uint16 bits viewed as it).
+    return torch.from_numpy(array).view(dtype) if array.dtype == np.uint16 else torch.from_numpy(array)
+
+
+# The binding's functions take the dtype's numpy counterpart (bfloat16: ml_dtypes').
+_NUMPY_DTYPE = {torch.float32: _core.DTYPES[0], torch.float64: _core.DTYPES[1], torch.float16: _core.DTYPES[2],
+                torch.bfloat16: _core.BFLOAT16}
 
 
 def _mha_call(fn, *arguments):
@@ -405,13 +415,13 @@ def _multihead_attention_forward(
     is the module's in training and 0 otherwise; dropout_seed an int64 scalar tensor (None
     without dropout)."""
     results = _mha_call(
-        _mha.multihead_attention_forward, _memory(query), _memory(key), _memory(value), _memory(in_proj_weight),
+        _core._function("multihead_attention_forward", _NUMPY_DTYPE[query.dtype]), _memory(query), _memory(key), _memory(value), _memory(in_proj_weight),
         _memory(q_proj_weight), _memory(k_proj_weight), _memory(v_proj_weight), _memory(in_proj_bias),
         _memory(bias_k), _memory(bias_v), _memory(out_proj_weight), _memory(out_proj_bias),
         _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first,
         need_weights, average_attn_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
         torch.get_num_threads())
-    output, weights, *saved = (None if r is None else torch.from_numpy(r) for r in results)
+    output, weights, *saved = (None if r is None else _from_mha(r, query.dtype) for r in results)
     return (output, query.new_empty((0,)) if weights is None else weights, *saved)
 
 
@@ -462,12 +472,12 @@ def multihead_attention_backward(
     # mha adds the parameter gradients into these.
     grads = [None if p is None else torch.zeros(p.shape, dtype=p.dtype) for p in parameters]
     inputs = _mha_call(
-        _mha.multihead_attention_backward, _memory(grad_output), _memory(query), _memory(key), _memory(value),
+        _core._function("multihead_attention_backward", _NUMPY_DTYPE[query.dtype]), _memory(grad_output), _memory(query), _memory(key), _memory(value),
         *(_memory(p) for p in parameters), _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim,
         num_heads, add_zero_attn, batch_first, need_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
         _memory(q), _memory(k), _memory(v), _memory(logsumexp), _memory(merged),
-        *(None if g is None else g.numpy() for g in grads), torch.get_num_threads())
-    return (*(torch.from_numpy(g) for g in inputs), *(query.new_empty((0,)) if g is None else g for g in grads))
+        *(None if g is None else _core._bits(_numpy(g)) for g in grads), torch.get_num_threads())
+    return (*(_from_mha(g, query.dtype) for g in inputs), *(query.new_empty((0,)) if g is None else g for g in grads))
 
 
 @multihead_attention_backward.register_fake
@@ -515,9 +525,11 @@ class MultiheadAttention(_TorchMultiheadAttention):
 
     Differences: a query whose keys are all masked gets zero attention (weights 0, output
     out_proj.bias) where PyTorch's need_weights=True path gives NaN; the attention weights carry
-    no gradient (the output does, to the inputs and every parameter). Inputs mha does not take
-    (another device, float16/bfloat16, nested or sparse tensors, a float mask that requires grad)
-    run PyTorch's forward instead, with a warning the first time for each reason.
+    no gradient (the output does, to the inputs and every parameter). bfloat16 and float16 modules
+    run mha's module in that type (bfloat16 products on the CPU's bf16 instructions where it has
+    them; float16 stored in float16, computed in float). Inputs mha does not take (another device,
+    nested or sparse tensors, a float mask that requires grad) run PyTorch's forward instead, with a
+    warning the first time for each reason.
     """
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -552,8 +564,8 @@ class MultiheadAttention(_TorchMultiheadAttention):
 
 def _mha_unsupported_types(query, parameters, key_padding_mask, attn_mask):
     """Why mha cannot run these dtypes (PyTorch's forward then does), or None."""
-    if query.dtype not in (torch.float32, torch.float64):
-        return f"dtype {query.dtype} (mha computes in float32 and float64)"
+    if query.dtype not in _NUMPY_DTYPE:
+        return f"dtype {query.dtype} (mha takes float32, float64, float16 and bfloat16)"
     for mask in (key_padding_mask, attn_mask):
         if mask is not None and mask.requires_grad:
             return "a float mask that requires grad (mha computes no gradient for the masks)"

@@ -166,13 +166,14 @@ void bind_settings(nb::module_& m, const char* name) {
 // mha::Tensor (the module's argument type), hence contiguous.
 template <class T>
 using MaskArray = std::variant<nb::ndarray<const bool, nb::device::cpu, nb::c_contig>,
-                               nb::ndarray<const T, nb::device::cpu, nb::c_contig>>;
+                               nb::ndarray<const typename Stored<T>::type, nb::device::cpu, nb::c_contig>>;
 
 template <class E, class Array>
 mha::Tensor<E> tensor_copy(const Array& a) {
   mha::Shape shape(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
-  return mha::Tensor<E>(shape, std::span<const E>(a.data(), a.size()));
+  static_assert(sizeof(*a.data()) == sizeof(E));  // (a half type's bits)
+  return mha::Tensor<E>(shape, std::span<const E>(reinterpret_cast<const E*>(a.data()), a.size()));
 }
 
 template <class T>
@@ -182,13 +183,12 @@ std::optional<mha::nn::Mask<T>> module_mask(const std::optional<MaskArray<T>>& m
   return mha::nn::Mask<T>(tensor_copy<T>(std::get<1>(*m)));
 }
 
-// (The module's arrays are float32 or float64: their element type is T itself.)
 template <class T>
-mha::View<const T> optional_view(const std::optional<nb::ndarray<const T, nb::device::cpu>>& a) {
+mha::View<const T> optional_view(const std::optional<In<T>>& a) {
   return a ? view<const T>(*a) : mha::View<const T>();
 }
 template <class T>
-mha::View<T> optional_out(const std::optional<nb::ndarray<T, nb::device::cpu>>& a) {
+mha::View<T> optional_out(const std::optional<Out<T>>& a) {
   return a ? view<T>(*a) : mha::View<T>();
 }
 
@@ -201,9 +201,9 @@ struct WeightArrays {
   std::optional<In<T>> out_proj_bias;
 
   mha::nn::MultiheadAttentionWeights<T> views() const {
-    return {optional_view(in_proj_weight), optional_view(q_proj_weight),   optional_view(k_proj_weight),
-            optional_view(v_proj_weight),  optional_view(in_proj_bias),    optional_view(bias_k),
-            optional_view(bias_v),         view<const T>(out_proj_weight), optional_view(out_proj_bias)};
+    return {optional_view<T>(in_proj_weight), optional_view<T>(q_proj_weight),   optional_view<T>(k_proj_weight),
+            optional_view<T>(v_proj_weight),  optional_view<T>(in_proj_bias),    optional_view<T>(bias_k),
+            optional_view<T>(bias_v),         view<const T>(out_proj_weight), optional_view<T>(out_proj_bias)};
   }
 };
 
@@ -226,13 +226,15 @@ mha::nn::MultiheadAttentionOptions module_options(const WeightArrays<T>& w, int6
   return o;
 }
 
-// An mha::Tensor handed to numpy: the array owns it (freed with the array), no copy.
+// An mha::Tensor handed to numpy: the array owns it (freed with the array), no copy. A half
+// type's tensor is its uint16 bits.
 template <class T>
-nb::ndarray<nb::numpy, T> to_numpy(mha::Tensor<T>&& t) {
+nb::ndarray<nb::numpy, typename Stored<T>::type> to_numpy(mha::Tensor<T>&& t) {
+  using S = typename Stored<T>::type;
   auto* owned = new mha::Tensor<T>(std::move(t));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<mha::Tensor<T>*>(p); });
   std::vector<size_t> shape(owned->shape().begin(), owned->shape().end());
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.data(), owner);
+  return nb::ndarray<nb::numpy, S>(reinterpret_cast<S*>(owned->data()), shape.size(), shape.data(), owner);
 }
 
 template <class T>
@@ -289,11 +291,11 @@ nb::tuple multihead_attention_backward(
   const auto options =
       module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
   const mha::nn::MultiheadAttentionWeightGradients<T> grad_views{
-      optional_out(grad_in_proj_weight), optional_out(grad_q_proj_weight),
-      optional_out(grad_k_proj_weight),  optional_out(grad_v_proj_weight),
-      optional_out(grad_in_proj_bias),   optional_out(grad_bias_k),
-      optional_out(grad_bias_v),         optional_out(grad_out_proj_weight),
-      optional_out(grad_out_proj_bias)};
+      optional_out<T>(grad_in_proj_weight), optional_out<T>(grad_q_proj_weight),
+      optional_out<T>(grad_k_proj_weight),  optional_out<T>(grad_v_proj_weight),
+      optional_out<T>(grad_in_proj_bias),   optional_out<T>(grad_bias_k),
+      optional_out<T>(grad_bias_v),         optional_out<T>(grad_out_proj_weight),
+      optional_out<T>(grad_out_proj_bias)};
   mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights,
                                           module_mask<T>(attn_mask), true, is_causal};
   mha::nn::MultiheadAttentionGradients<T> out;
@@ -351,12 +353,13 @@ void define_attention(nb::module_& m, const std::string& suffix) {
         "Log-sum-exp merge of a block's attention (B, H, L, Dv), (B, H, L) into the float64 accumulators.");
 }
 
-// nn.MultiheadAttention's calls (float32 and float64).
+// nn.MultiheadAttention's calls: float32 and float64 as overloads of one name, bfloat16 and
+// float16 under their own (`suffix`), as the attention calls.
 template <class T>
-void define_module(nb::module_& m) {
+void define_module(nb::module_& m, const std::string& suffix) {
   // Not call_guard'ed: they release the GIL themselves, around the computation only (their
   // results become numpy arrays, which needs the GIL).
-  m.def("multihead_attention_forward", &multihead_attention_forward<T>, "query"_a.noconvert(),
+  m.def(("multihead_attention_forward" + suffix).c_str(), &multihead_attention_forward<T>, "query"_a.noconvert(),
         "key"_a.noconvert(), "value"_a.noconvert(), "in_proj_weight"_a.noconvert().none(),
         "q_proj_weight"_a.noconvert().none(), "k_proj_weight"_a.noconvert().none(),
         "v_proj_weight"_a.noconvert().none(), "in_proj_bias"_a.noconvert().none(),
@@ -368,7 +371,7 @@ void define_module(nb::module_& m) {
         "nn.MultiheadAttention's forward on these parameters: (output, attn_weights or None, q, k, v, "
         "logsumexp, "
         "merged), the last five for multihead_attention_backward.");
-  m.def("multihead_attention_backward", &multihead_attention_backward<T>, "grad_output"_a.noconvert(),
+  m.def(("multihead_attention_backward" + suffix).c_str(), &multihead_attention_backward<T>, "grad_output"_a.noconvert(),
         "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(),
         "k_proj_weight"_a.noconvert().none(), "v_proj_weight"_a.noconvert().none(),
@@ -411,8 +414,10 @@ NB_MODULE(_mha, m) {
   define_attention<double>(m, "");
   define_attention<mha::bfloat16>(m, "_bfloat16");
   define_attention<mha::float16>(m, "_float16");
-  define_module<float>(m);
-  define_module<double>(m);
+  define_module<float>(m, "");
+  define_module<double>(m, "");
+  define_module<mha::bfloat16>(m, "_bfloat16");
+  define_module<mha::float16>(m, "_float16");
   m.def("bf16_native", &mha::bf16_gemm::native,
         "Whether bfloat16 attention's products run on the CPU's bf16 instructions (AVX512_BF16) here.");
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.

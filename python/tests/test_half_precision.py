@@ -1,6 +1,7 @@
 """Attention on bfloat16 and float16 through the Python doors: mha.torch's SDPA (autograd,
-torch.compile, FlashAttention-2's functions, merge_attention_states) and the numpy API (np.float16
-and ml_dtypes.bfloat16 arrays).
+torch.compile, FlashAttention-2's functions, merge_attention_states), mha.torch.MultiheadAttention
+(the module in that type: a training step's output and every gradient) and the numpy API
+(np.float16 and ml_dtypes.bfloat16 arrays).
 
 The accuracy bar is PyTorch's own: on the same bfloat16/float16 inputs, mha's error against the
 float64 result is at most 2x that of PyTorch's result in that type, for the output and every
@@ -192,3 +193,63 @@ def test_numpy_half_arrays(dtype):
         mha.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((30, 40), np.float32))
     with pytest.raises(mha.ArgumentTypeError, match="key, value: expected the dtype of query"):
         mha.scaled_dot_product_attention(q, k.astype(np.float32), v)
+
+
+MODULE_CASES = {
+    "self, batch first": dict(batch_first=True),
+    "cross, sequence first, padding": dict(cross=True, padding=True),
+    "additive attn_mask, no bias": dict(batch_first=True, mask=True, bias=False),
+    "kdim, vdim, bias_kv, zero_attn": dict(cross=True, kdim=24, vdim=40, add_bias_kv=True, add_zero_attn=True),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("case", MODULE_CASES)
+def test_multihead_attention_module_within_twice_pytorchs_error(dtype, case):
+    """mha.torch.MultiheadAttention in bfloat16/float16 runs mha's module in that type (no
+    fallback): the output and the gradients of the inputs and of every parameter (a training
+    step's) within 2x the error of PyTorch's module in that type, against the float64 module on
+    the same rounded weights and inputs."""
+    o = MODULE_CASES[case]
+    torch.manual_seed(1)
+    kwargs = dict(batch_first=o.get("batch_first", False), bias=o.get("bias", True), kdim=o.get("kdim"),
+                  vdim=o.get("vdim"), add_bias_kv=o.get("add_bias_kv", False), add_zero_attn=o.get("add_zero_attn", False))
+    ours = mha.torch.MultiheadAttention(64, 4, **kwargs).to(dtype)
+    theirs = torch.nn.MultiheadAttention(64, 4, **kwargs).to(dtype)
+    exact = torch.nn.MultiheadAttention(64, 4, **kwargs).double()
+    theirs.load_state_dict(ours.state_dict())
+    exact.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    N, L, S = 3, 40, 56 if o.get("cross") else 40
+    shape = (lambda n, l, e: (n, l, e)) if kwargs["batch_first"] else (lambda n, l, e: (l, n, e))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(shape(N, L, 64), generator=g).to(dtype)
+    k = torch.randn(shape(N, S, o.get("kdim") or 64), generator=g).to(dtype) if o.get("cross") else q
+    v = torch.randn(shape(N, S, o.get("vdim") or 64), generator=g).to(dtype) if o.get("cross") else q
+    dout = torch.randn(shape(N, L, 64), generator=g).to(dtype)
+    padding = torch.zeros(N, S, dtype=torch.bool)
+    padding[1, -9:] = True
+    extra = {}
+    if o.get("padding"):
+        extra["key_padding_mask"] = padding
+    if o.get("mask"):
+        extra["attn_mask"] = torch.randn(L, S, generator=g).to(dtype)
+
+    def step(module, cast):
+        leaves = [x.detach().to(cast).requires_grad_() for x in ((q,) if q is k else (q, k, v))]
+        args = leaves * 3 if len(leaves) == 1 else leaves
+        kw = {name: (m.to(cast) if m.is_floating_point() else m) for name, m in extra.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback warning: mha runs the half module
+            out, _ = module(*args, **kw)
+        module.zero_grad()
+        grads = torch.autograd.grad(out, leaves + [p for p in module.parameters()], dout.to(cast))
+        return [out] + list(grads)
+
+    mine, torch_half, truth = step(ours, dtype), step(theirs, dtype), step(exact, torch.float64)
+    names = ["output"] + [f"grad {i}" for i in range(len(mine) - 1 - len(list(ours.parameters())))] + \
+        [f"grad {n}" for n, _ in ours.named_parameters()]
+    for name, a, b, c in zip(names, mine, torch_half, truth):
+        assert a.dtype == dtype, f"{name}: dtype {a.dtype}"
+        e_mine, e_torch = _error(a, c), _error(b, c)
+        assert e_mine <= 2 * e_torch, f"{case} {name}: mha's error {e_mine:.3g} > 2x PyTorch's {e_torch:.3g}"
+

@@ -242,6 +242,7 @@ std::vector<Parameter<T>> Linear<T>::parameters() {
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
 MHA_INSTANTIATE(bfloat16)
+MHA_INSTANTIATE(float16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

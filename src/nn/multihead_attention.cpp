@@ -568,6 +568,7 @@ MultiheadAttentionGradients<T> MultiheadAttention<T>::backward(const Tensor<T>& 
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
 MHA_INSTANTIATE(bfloat16)
+MHA_INSTANTIATE(float16)
 #undef MHA_INSTANTIATE
 
 }  // namespace mha::nn

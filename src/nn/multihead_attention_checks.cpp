@@ -107,6 +107,8 @@ template void check_gradients(const MultiheadAttentionOptions&, const MultiheadA
 template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<double>&);
 template void check_weights(const MultiheadAttentionOptions&, const MultiheadAttentionWeights<bfloat16>&);
 template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<bfloat16>&);
+template void check_weights(const MultiheadAttentionOptions&, const MultiheadAttentionWeights<float16>&);
+template void check_gradients(const MultiheadAttentionOptions&, const MultiheadAttentionWeightGradients<float16>&);
 
 }  // namespace detail
 }  // namespace mha::nn

@@ -137,5 +137,8 @@ template MultiheadAttentionMasks<double> multihead_attention_masks(const Multihe
 template MultiheadAttentionMasks<bfloat16> multihead_attention_masks(const MultiheadAttentionOptions&,
                                                                      const MultiheadAttentionArgs<bfloat16>&, int64_t,
                                                                      int64_t, int64_t, bool);
+template MultiheadAttentionMasks<float16> multihead_attention_masks(const MultiheadAttentionOptions&,
+                                                                    const MultiheadAttentionArgs<float16>&, int64_t,
+                                                                    int64_t, int64_t, bool);
 
 }  // namespace mha::nn

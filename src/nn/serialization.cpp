@@ -32,5 +32,9 @@ template StateDict<float> load_state_dict_file(const std::string&);
 template StateDict<double> load_state_dict_file(const std::string&);
 template void save_state_dict_file(const StateDict<float>&, const std::string&, const std::map<std::string, std::string>&);
 template void save_state_dict_file(const StateDict<double>&, const std::string&, const std::map<std::string, std::string>&);
+template StateDict<bfloat16> load_state_dict_file(const std::string&);
+template StateDict<float16> load_state_dict_file(const std::string&);
+template void save_state_dict_file(const StateDict<bfloat16>&, const std::string&, const std::map<std::string, std::string>&);
+template void save_state_dict_file(const StateDict<float16>&, const std::string&, const std::map<std::string, std::string>&);
 
 }  // namespace mha::nn

@@ -4,9 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 
 #include "../support/cli.h"
+#include "mha/core/random.h"
 #include "mha/core/safetensors.h"
+#include "mha/nn/multihead_attention.h"
 
 namespace mha {
 namespace {
@@ -46,6 +50,58 @@ TEST_F(AttentionCliErrors, RunsWithoutWeightsFromTheSeed) {
                            "grad.in_proj_weight", "grad.in_proj_bias", "grad.out_proj.weight", "grad.out_proj.bias"})
     EXPECT_TRUE(out.tensors.count(name)) << name;
   EXPECT_EQ(out.tensors.at("attn_weights").shape, (Shape{2, 3, 3}));
+}
+
+// --dtype bfloat16 / float16: BF16 / F16 inputs taken as they are, the module computed in that type
+// (weights from --seed), every result written in it: the library's MultiheadAttention<T> on the same
+// tensors, bit for bit.
+template <class T>
+void expect_half_run_is_the_library(const std::function<std::string(const std::string&)>& path, const std::string& dtype,
+                                    st::DType stored) {
+  Generator gen(5);
+  Tensor<T> query({3, 2, 8}), grad_output({3, 2, 8});
+  for (auto* x : {&query, &grad_output})
+    for (T& v : x->values()) v = narrow<T>(gen.uniform(-1, 1));
+  Tensor<bool> padding({2, 3});
+  padding[5] = true;
+  st::File inputs;
+  inputs.tensors["query"] = st::from_tensor(query);
+  inputs.tensors["grad_output"] = st::from_tensor(grad_output);
+  inputs.tensors["key_padding_mask"] = st::from_tensor(padding);
+  ASSERT_EQ(inputs.tensors["query"].dtype, stored);
+  st::save(inputs, path("half.safetensors"));
+  const CliResult r = run_cli("attention --embed-dim 8 --num-heads 2 --backward --seed 3 --dtype " + dtype +
+                              " --inputs " + path("half.safetensors") + " --output " + path("half_out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const st::File out = st::load(path("half_out.safetensors"));
+  nn::MultiheadAttentionOptions o;
+  o.embed_dim = 8;
+  o.num_heads = 2;
+  nn::MultiheadAttention<T> module(o, 3);
+  module.eval();
+  nn::MultiheadAttentionArgs<T> args;
+  args.key_padding_mask = padding;
+  nn::MultiheadAttentionCache<T> cache;
+  const auto y = module.forward(query, query, query, args, &cache);
+  module.zero_grad();
+  const auto grads = module.backward(grad_output, cache);
+  std::map<std::string, const Tensor<T>*> want{{"output", &y.output}, {"attn_weights", &*y.attn_weights},
+                                               {"grad_query", &grads.grad_query}, {"grad_key", &grads.grad_key},
+                                               {"grad_value", &grads.grad_value}};
+  for (const auto& p : module.parameters()) want["grad." + p.name] = p.grad;
+  for (const auto& [name, expected] : want) {
+    ASSERT_TRUE(out.tensors.count(name)) << name;
+    EXPECT_EQ(out.tensors.at(name).dtype, stored) << name;
+    const Tensor<T> got = st::to_tensor<T>(out.tensors.at(name), name);
+    ASSERT_EQ(got.shape(), expected->shape()) << name;
+    for (int64_t i = 0; i < got.numel(); ++i) ASSERT_EQ(got[i].bits, (*expected)[i].bits) << name << " " << i;
+  }
+}
+
+TEST_F(AttentionCliErrors, HalfDtypesReadAndWriteTheirOwnDtype) {
+  const auto in_dir = [this](const std::string& name) { return path(name); };
+  expect_half_run_is_the_library<bfloat16>(in_dir, "bfloat16", st::DType::BF16);
+  expect_half_run_is_the_library<float16>(in_dir, "float16", st::DType::F16);
 }
 
 TEST_F(AttentionCliErrors, ModuleArgumentErrors) {

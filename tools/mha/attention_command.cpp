@@ -82,7 +82,10 @@ Tensor names (a documented contract; shapes and layouts exactly as PyTorch's for
   --output file:   output; attn_weights (with --need-weights); with --backward: grad_query,
                    grad_key, grad_value, grad_sinks (with sinks) and grad.<parameter name>
                    (e.g. grad.in_proj_weight).
-Float tensors of any float dtype are read; results are written as F32 (F64 with --dtype float64).
+Float tensors of any float dtype are read (converted to --dtype, rounded once; a tensor already of
+that dtype is taken as it is); results are written in --dtype: F32, F64, BF16 or F16. bfloat16
+runs the module on bfloat16 weights and activations (products on the CPU's bf16 instructions where
+it has them), float16 on float16 storage computed in float.
 The output file is written atomically: on any error no output file is left.)";
 }
 
@@ -125,7 +128,10 @@ void run(const AttentionArgs& args) {
   // Under mpirun, the attention split across the ranks; rank 0 writes the results.
   bool writer = true;
 #if MHA_WITH_MPI
-  if (!args.context_parallel.empty()) {
+  if constexpr (is_half_v<T>) {
+    check(args.context_parallel.empty(), "--context-parallel: expected --dtype float32 or float64, got --dtype ",
+          args.dtype);
+  } else if (!args.context_parallel.empty()) {
     auto& comm = distributed::Communicator::world();
     module.core = distributed::context_parallel_core<T>(
         comm, args.context_parallel == "ulysses" ? distributed::Scheme::ulysses : distributed::Scheme::ring,
@@ -201,7 +207,7 @@ void add_attention_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", args->output_path, "where to write the results (.safetensors)")->required();
   cmd->add_option("--dtype", args->dtype, "computation precision")
-      ->check(CLI::IsMember({"float32", "float64"}))
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}))
       ->capture_default_str();
   add_backend_option(cmd, args->backend);
   // Module arguments: PyTorch's names and defaults.
@@ -246,6 +252,10 @@ void add_attention_command(CLI::App& app) {
     auto body = [args] {
       if (args->dtype == "float64") {
         run<double>(*args);
+      } else if (args->dtype == "bfloat16") {
+        run<bfloat16>(*args);
+      } else if (args->dtype == "float16") {
+        run<float16>(*args);
       } else {
         run<float>(*args);
       }

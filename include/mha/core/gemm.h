@@ -7,7 +7,8 @@
 // bf16_gemm (VDPBF16PS where the CPU has AVX512_BF16, float products of the same values
 // elsewhere), op(A) read in place (a transposed A is copied once); each element of C is
 // alpha·Σ + beta·C in float, rounded once to bfloat16. Blocks of C are split between OpenMP
-// threads the same way for any thread count: bitwise the same results.
+// threads the same way for any thread count: bitwise the same results. gemm<float16>: the
+// operands widened to float, sgemm, each element rounded once (no float16 instruction here).
 #include <cstdint>
 
 #include "mha/core/half.h"
