@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mha/core/panel_gemm.h"
+#include "packed_linear_args.h"
 
 namespace mha::bf16_gemm {
 
@@ -156,16 +157,7 @@ ScopedFloat32Fallback::ScopedFloat32Fallback() : saved_(forced_fallback.exchange
 ScopedFloat32Fallback::~ScopedFloat32Fallback() { forced_fallback.store(saved_); }
 
 PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what) : what_(what) {
-  check(weight.dim() == 2 && row_major(weight), what, ": weight: expected a contiguous 2-D (out_features, "
-        "in_features) view, got shape ", weight.shape(), " with strides ", weight.strides());
-  out_ = weight.size(0);
-  in_ = weight.size(1);
-  if (bias.defined()) {
-    check(bias.shape() == Shape{out_} && row_major(bias), what, ": bias: expected a contiguous (", out_,
-          ") view, got shape ", bias.shape());
-    bias_ = Tensor<float>::uninitialized({out_});
-    std::copy_n(bias.data(), out_, bias_.data());
-  }
+  detail::check_packed_linear(weight, bias, what, out_, in_, bias_);
   Tensor<bfloat16> rounded = Tensor<bfloat16>::uninitialized({out_, in_});
   convert(weight.data(), rounded.data(), static_cast<size_t>(out_ * in_));
   const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
@@ -174,22 +166,13 @@ PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, con
 }
 
 Tensor<bfloat16> PackedLinear::forward(View<const bfloat16> x) const {
-  check(x.dim() >= 1, what_, ": input: expected (..., ", in_, "), got shape ", x.shape());
-  Shape shape = x.shape();
-  shape.back() = out_;
-  Tensor<bfloat16> y = Tensor<bfloat16>::uninitialized(shape);
+  Tensor<bfloat16> y = Tensor<bfloat16>::uninitialized(detail::packed_linear_output_shape(x.shape(), in_, out_, what_));
   forward(x, y);
   return y;
 }
 
 void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilogue& epilogue) const {
-  check(x.dim() >= 1 && x.shape().back() == in_ && row_major(x), what_, ": input: expected a contiguous (..., ",
-        in_, ") view, got shape ", x.shape(), " with strides ", x.strides());
-  Shape expected = x.shape();
-  expected.back() = out_;
-  check(y.shape() == expected && row_major(y), what_, ": output: expected a contiguous view of shape ", expected,
-        ", got shape ", y.shape(), " with strides ", y.strides());
-  const int64_t m = out_ == 0 ? 0 : y.numel() / out_;
+  const int64_t m = detail::check_packed_linear_io<bfloat16>(x, y, in_, out_, what_);
   if (m == 0) return;
   // Jobs of up to kBlock rows × kBlock columns, in row-major order (a thread's consecutive jobs
   // share the rows of x); the weight's block for 64 columns is 64·in bfloat16s (48 KiB at 384).

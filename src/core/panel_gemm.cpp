@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "mha/core/panel_gemm.h"
+#include "packed_linear_args.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::panel_gemm::HWY_NAMESPACE {
@@ -253,16 +254,7 @@ void pack_transposed(const float16* x, size_t ld, size_t n, size_t k, float* dst
 
 PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what)
     : what_(what) {
-  check(weight.dim() == 2 && row_major(weight), what, ": weight: expected a contiguous 2-D (out_features, "
-        "in_features) view, got shape ", weight.shape(), " with strides ", weight.strides());
-  out_ = weight.size(0);
-  in_ = weight.size(1);
-  if (bias.defined()) {
-    check(bias.shape() == Shape{out_} && row_major(bias), what, ": bias: expected a contiguous (", out_,
-          ") view, got shape ", bias.shape());
-    bias_ = Tensor<float>::uninitialized({out_});
-    std::copy_n(bias.data(), out_, bias_.data());
-  }
+  detail::check_packed_linear(weight, bias, what, out_, in_, bias_);
   width_ = panel_width();
   const auto width = static_cast<int64_t>(width_);
   panels_ = Tensor<float>::uninitialized({(out_ + width - 1) / width * width * in_});
@@ -270,24 +262,15 @@ PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, con
 }
 
 Tensor<float> PackedLinear::forward(View<const float> x) const {
-  check(x.dim() >= 1, what_, ": input: expected (..., ", in_, "), got shape ", x.shape());
-  Shape shape = x.shape();
-  shape.back() = out_;
-  Tensor<float> y = Tensor<float>::uninitialized(shape);
+  Tensor<float> y = Tensor<float>::uninitialized(detail::packed_linear_output_shape(x.shape(), in_, out_, what_));
   forward(x, y);
   return y;
 }
 
 void PackedLinear::forward(View<const float> x, View<float> y, const Epilogue& epilogue) const {
-  check(x.dim() >= 1 && x.shape().back() == in_ && row_major(x), what_, ": input: expected a contiguous (..., ",
-        in_, ") view, got shape ", x.shape(), " with strides ", x.strides());
-  Shape expected = x.shape();
-  expected.back() = out_;
-  check(y.shape() == expected && row_major(y), what_, ": output: expected a contiguous view of shape ", expected,
-        ", got shape ", y.shape(), " with strides ", y.strides());
+  const int64_t m = detail::check_packed_linear_io<float>(x, y, in_, out_, what_);
   check(width_ == panel_width(), what_, ": the weight was packed for panels of ", width_,
         " floats, but the SIMD target now uses ", panel_width(), ": pack it again after pinning a target");
-  const int64_t m = out_ == 0 ? 0 : y.numel() / out_;
   if (m == 0) return;
   const auto W = static_cast<int64_t>(width_);
   const int64_t panels = (out_ + W - 1) / W;
