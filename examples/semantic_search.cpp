@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Rank a small corpus against queries with all-MiniLM-L6-v2, run by mha"};
   std::string model_dir = MHA_DEFAULT_MODEL_DIR;
   size_t top = 3;
+  std::string dtype = "float32";
   app.add_option("--model", model_dir, "sentence-transformers model directory")->capture_default_str();
+  app.add_option("--dtype", dtype, "the type the encoder computes in: float32 or bfloat16")->capture_default_str();
   app.add_option("--top", top, "matches shown per query")->capture_default_str()->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
@@ -64,10 +66,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    const mha::models::SentenceEncoder encoder(model_dir);
-    std::printf("model %s: %lld-dimensional embeddings, up to %lld tokens per sentence\n",
+    const mha::models::SentenceEncoder encoder(model_dir, mha::models::dtype_from_name(dtype, "--dtype"));
+    std::printf("model %s: %lld-dimensional embeddings, up to %lld tokens per sentence, computed in %s\n",
                 mha::escape(model_dir).c_str(), static_cast<long long>(encoder.dimension()),
-                static_cast<long long>(encoder.max_seq_length()));
+                static_cast<long long>(encoder.max_seq_length()), mha::models::dtype_name(encoder.dtype()));
     const mha::Tensor<float> corpus = encoder.encode(kCorpus);
     std::vector<std::string> query_texts;
     for (const auto& q : kQueries) query_texts.push_back(q.text);

@@ -23,6 +23,8 @@ section "3/8  Pre-norm residual block, forward and backward (tutorial 001)"
 
 section "4/8  Semantic search with all-MiniLM-L6-v2 (a pretrained BERT encoder, tokenizer to embeddings, in mha)"
 "$build/examples/semantic_search"
+echo "-- the same in bfloat16 (the encoder's layers on the CPU's bf16 instructions where it has them):"
+"$build/examples/semantic_search" --dtype bfloat16 --top 1
 
 section "5/8  Generation with a KV cache: token by token, checked against the full recompute (bfloat16 cache)"
 "$build/examples/generate" --cache bfloat16
