@@ -65,10 +65,10 @@ template <class T>
 PackedTransformerEncoderLayer<T>::PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer)
     : options_(layer.options()), attention_options_(layer.self_attn.options()), norm1_(1), norm2_(1) {
   const auto params = parameters_by_name(layer);
-  in_proj_ = Linear(parameter(params, "self_attn.in_proj_weight"),
-                                      parameter(params, "self_attn.in_proj_bias"), "self_attn.in_proj");
-  out_proj_ = Linear(parameter(params, "self_attn.out_proj.weight"),
-                                       parameter(params, "self_attn.out_proj.bias"), "self_attn.out_proj");
+  in_proj_ = Linear(parameter(params, "self_attn.in_proj_weight"), parameter(params, "self_attn.in_proj_bias"),
+                    "self_attn.in_proj");
+  out_proj_ = Linear(parameter(params, "self_attn.out_proj.weight"), parameter(params, "self_attn.out_proj.bias"),
+                     "self_attn.out_proj");
   linear1_ = Linear(parameter(params, "linear1.weight"), parameter(params, "linear1.bias"), "linear1");
   linear2_ = Linear(parameter(params, "linear2.weight"), parameter(params, "linear2.bias"), "linear2");
   norm1_ = copy_norm<T>(params, "norm1", options_);
