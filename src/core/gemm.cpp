@@ -53,6 +53,12 @@ void gemm<bfloat16>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k,
                     int64_t ldc) {
   check(m >= 0 && n >= 0 && k >= 0, "gemm: expected sizes >= 0, got m = ", m, ", n = ", n, ", k = ", k);
   if (m == 0 || n == 0) return;
+  const float fa = to_float(alpha), fb = to_float(beta);
+  if (k == 0) {  // no products: C = beta·C (BLAS ignores C when beta is 0)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = to_bfloat16(fb == 0.0f ? 0.0f : fb * to_float(c[r * ldc + j]));
+    return;
+  }
   const auto M = static_cast<size_t>(m), N = static_cast<size_t>(n), K = static_cast<size_t>(k);
   // op(A) row-major with an even stride (the bf16 kernels read its rows in pairs).
   std::vector<bfloat16> a_copy;
@@ -65,11 +71,8 @@ void gemm<bfloat16>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k,
     a = a_copy.data();
   }
   std::vector<bfloat16> packed(bf16_gemm::packed_size(K, N));
-  if (K > 0) {
-    if (tb == Transpose::yes) bf16_gemm::pack_b_transposed(b, static_cast<size_t>(ldb), N, K, packed.data());
-    else bf16_gemm::pack_b(b, static_cast<size_t>(ldb), K, N, packed.data());
-  }
-  const float fa = to_float(alpha), fb = to_float(beta);
+  if (tb == Transpose::yes) bf16_gemm::pack_b_transposed(b, static_cast<size_t>(ldb), N, K, packed.data());
+  else bf16_gemm::pack_b(b, static_cast<size_t>(ldb), K, N, packed.data());
   constexpr int64_t kBlock = 64;
   const int64_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (n + kBlock - 1) / kBlock;
   const int64_t jobs = row_blocks * col_blocks;
@@ -80,7 +83,7 @@ void gemm<bfloat16>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k,
     thread_local std::vector<float> tile;
     tile.resize(rows * cols);
     bf16_gemm::multiply(rows, cols, K, a + static_cast<size_t>(r0) * a_stride, a_stride,
-                        K > 0 ? packed.data() + 2 * c0 : nullptr, N, tile.data(), cols, false);
+                        packed.data() + 2 * c0, N, tile.data(), cols, false);
     for (size_t r = 0; r < rows; ++r) {
       bfloat16* out = c + (static_cast<size_t>(r0) + r) * static_cast<size_t>(ldc) + c0;
       for (size_t j = 0; j < cols; ++j)  // beta = 0 ignores C, as BLAS does (it may hold NaN)

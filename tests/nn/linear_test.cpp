@@ -205,6 +205,15 @@ TEST(Linear, Bfloat16RoundsEachResultOnce) {
     for (int64_t r = 0; r < rows; ++r) bias_sum += gd[r * out + o];
     EXPECT_LE(std::abs(mha::to_float(layer.grad_bias[o]) - bias_sum), std::ldexp(std::abs(bias_sum), -8) + 1e-7) << "grad_bias";
   }
+  // Degenerate sizes: no input features (the product is empty: y = bias, here 0), no rows.
+  Linear<bfloat16> zero_in(0, 2, gen);
+  Linear<bfloat16>::Cache zero_cache;
+  const Tensor<bfloat16> y0 = zero_in.forward(Tensor<bfloat16>({4, 0}), &zero_cache);
+  ASSERT_EQ(y0.shape(), (Shape{4, 2}));
+  for (int64_t i = 0; i < y0.numel(); ++i) EXPECT_EQ(mha::to_float(y0[i]), 0.0f);
+  EXPECT_EQ(zero_in.backward(mha::cast<bfloat16>(Tensor<double>({4, 2}, 1.0)), zero_cache).shape(), (Shape{4, 0}));
+  EXPECT_EQ(mha::to_float(zero_in.grad_bias[0]), 4.0f);
+  EXPECT_EQ(layer.forward(Tensor<bfloat16>({0, 37})).shape(), (Shape{0, 21}));
 }
 
 TEST(Linear, EmptyAndDegenerateSizes) {
