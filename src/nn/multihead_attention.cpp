@@ -467,9 +467,11 @@ MultiheadAttentionGradients<T> multihead_attention_backward(const MultiheadAtten
     const int64_t s = grad_k.size(1);
     for (auto [grad, from] : {std::pair<const View<T>*, const Tensor<T>*>{&grads.bias_k, &grad_k}, {&grads.bias_v, &grad_v}}) {
       if (!grad->defined()) continue;
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t d = 0; d < e; ++d)
-          grad->data()[d] = narrow<T>(widen(grad->data()[d]) + widen((*from)[(b * s + s - 1) * e + d]));
+      for (int64_t d = 0; d < e; ++d) {  // summed over the batch in float (a half type rounded once)
+        auto sum = widen(grad->data()[d]);
+        for (int64_t b = 0; b < n; ++b) sum += widen((*from)[(b * s + s - 1) * e + d]);
+        grad->data()[d] = narrow<T>(sum);
+      }
     }
     grad_k = drop_last_row(grad_k);
     grad_v = drop_last_row(grad_v);
