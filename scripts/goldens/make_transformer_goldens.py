@@ -30,7 +30,7 @@ from canonical_writer import save_canonical  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.environ.get("MHA_GOLDENS_OUT", os.path.join(ROOT, "tests", "goldens", "transformer"))
 
-E, H, FF, N, S = 16, 4, 24, 2, 6
+SIZE = (16, 4, 24, 2, 6)  # d_model, nhead, dim_feedforward, batch, sequence (unless a case says)
 
 CASES = {
     # name: options
@@ -45,10 +45,15 @@ CASES = {
     "encoder_two_layers_final_norm": dict(activation="gelu", batch_first=True, kpm="bool", num_layers=2,
                                           final_norm=True),
     "encoder_two_layers_pre_norm": dict(norm_first=True, src_mask="float", num_layers=2),
+    # Wider (d_model 64, 24 tokens): the bfloat16 bar is a max over more elements than at 16 wide.
+    "wide_gelu_post_padding": dict(size=(64, 4, 128, 2, 24), activation="gelu", batch_first=True, kpm="bool"),
+    "wide_relu_pre_causal": dict(size=(64, 4, 128, 2, 24), norm_first=True, batch_first=True, src_mask="causal",
+                                 is_causal=True),
 }
 
 
 def make(name, o, gen):
+    E, H, FF, N, S = o.get("size", SIZE)
     act = o.get("activation", "relu")
     layer = torch.nn.TransformerEncoderLayer(E, H, FF, dropout=0.0, activation=act,
                                              layer_norm_eps=o.get("layer_norm_eps", 1e-5),
