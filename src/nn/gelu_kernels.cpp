@@ -71,7 +71,10 @@ void GeluErfcApproxForward(const float* x, float* y, int64_t n) {
     for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f, 0.09678418f, 0.37409196f,
                     1.00002368f, -1.26551223f})
       p = hn::MulAdd(p, t, hn::Set(d, c));
-    const auto half_erfc = hn::Mul(half, hn::Mul(t, hn::Exp(d, hn::NegMulAdd(a, a, p))));
+    // (A NaN lane's exponent is 0 here: Highway's scalar Exp converts it to an integer, undefined
+    // behaviour; that lane's result is NaN anyway, x·Φ with x NaN.)
+    const auto exponent = hn::NegMulAdd(a, a, p);
+    const auto half_erfc = hn::Mul(half, hn::Mul(t, hn::Exp(d, hn::IfThenElse(hn::IsNaN(exponent), zero, exponent))));
     return hn::IfThenElse(hn::Lt(v, zero), half_erfc, hn::Sub(one, half_erfc));
   };
   int64_t i = 0;
