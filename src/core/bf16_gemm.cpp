@@ -156,6 +156,26 @@ bool native() { return !forced_fallback.load(std::memory_order_relaxed) && cpu_h
 ScopedFloat32Fallback::ScopedFloat32Fallback() : saved_(forced_fallback.exchange(true)) {}
 ScopedFloat32Fallback::~ScopedFloat32Fallback() { forced_fallback.store(saved_); }
 
+void multiply_blocks(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed,
+                     size_t ldb, const RowSegment& finish) {
+  // Jobs in row-major order (a thread's consecutive jobs share the rows of A); B's block for 64
+  // columns is 64·k bfloat16s (48 KiB at k = 384).
+  constexpr size_t kBlock = 64;
+  const size_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (n + kBlock - 1) / kBlock;
+  const auto jobs = static_cast<int64_t>(row_blocks * col_blocks);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1)
+  for (int64_t job = 0; job < jobs; ++job) {
+    const size_t r0 = static_cast<size_t>(job) / col_blocks * kBlock, c0 = static_cast<size_t>(job) % col_blocks * kBlock;
+    const size_t rows = std::min(kBlock, m - r0), cols = std::min(kBlock, n - c0);
+    thread_local std::vector<float> tile;
+    tile.resize(rows * cols);
+    const bfloat16* b = k > 0 ? b_packed + 2 * c0 : nullptr;  // k = 0 reads no B
+    multiply(rows, cols, k, a + r0 * lda, lda, b, ldb, tile.data(), cols, false);
+    for (size_t r = 0; r < rows; ++r)
+      finish(static_cast<int64_t>(r0 + r), static_cast<int64_t>(c0), tile.data() + r * cols, static_cast<int64_t>(cols));
+  }
+}
+
 PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, const std::string& what) : what_(what) {
   detail::check_packed_linear(weight, bias, what, out_, in_, bias_);
   Tensor<bfloat16> rounded = Tensor<bfloat16>::uninitialized({out_, in_});
@@ -174,32 +194,17 @@ Tensor<bfloat16> PackedLinear::forward(View<const bfloat16> x) const {
 void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilogue& epilogue) const {
   const int64_t m = detail::check_packed_linear_io<bfloat16>(x, y, in_, out_, what_);
   if (m == 0) return;
-  // Jobs of up to kBlock rows × kBlock columns, in row-major order (a thread's consecutive jobs
-  // share the rows of x); the weight's block for 64 columns is 64·in bfloat16s (48 KiB at 384).
-  constexpr int64_t kBlock = 64;
-  const int64_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (out_ + kBlock - 1) / kBlock;
-  const int64_t jobs = row_blocks * col_blocks;
-  const bool parallel = !omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1;
-  const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
   const bool bf16_path = native();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t job = 0; job < jobs; ++job) {
-    const int64_t r0 = job / col_blocks * kBlock, c0 = job % col_blocks * kBlock;
-    const int64_t rows = std::min(kBlock, m - r0), cols = std::min(kBlock, out_ - c0);
-    thread_local std::vector<float> tile;
-    tile.resize(static_cast<size_t>(rows * cols));
-    const bfloat16* b = in_ > 0 ? packed_.data() + 2 * c0 : nullptr;  // k = 0 reads no B
-    multiply(static_cast<size_t>(rows), static_cast<size_t>(cols), in, x.data() + r0 * in_, in, b, out, tile.data(), static_cast<size_t>(cols), false);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* values = tile.data() + r * cols;
-      if (bias_.defined())
-        for (int64_t j = 0; j < cols; ++j) values[j] += bias_[c0 + j];
-      if (epilogue) epilogue(r0 + r, c0, values, cols);
-      bfloat16* row = y.data() + (r0 + r) * out_ + c0;
-      if (bf16_path) round_native(values, row, static_cast<size_t>(cols));
-      else convert(values, row, static_cast<size_t>(cols));
-    }
-  }
+  multiply_blocks(static_cast<size_t>(m), static_cast<size_t>(out_), static_cast<size_t>(in_), x.data(),
+                  static_cast<size_t>(in_), packed_.data(), static_cast<size_t>(out_),
+                  [&](int64_t row, int64_t col, float* values, int64_t count) {
+                    if (bias_.defined())
+                      for (int64_t j = 0; j < count; ++j) values[j] += bias_[col + j];
+                    if (epilogue) epilogue(row, col, values, count);
+                    bfloat16* out = y.data() + row * out_ + col;
+                    if (bf16_path) round_native(values, out, static_cast<size_t>(count));
+                    else convert(values, out, static_cast<size_t>(count));
+                  });
 }
 
 }  // namespace mha::bf16_gemm

@@ -1,7 +1,6 @@
 #include "mha/core/gemm.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <limits>
@@ -73,23 +72,12 @@ void gemm<bfloat16>(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k,
   std::vector<bfloat16> packed(bf16_gemm::packed_size(K, N));
   if (tb == Transpose::yes) bf16_gemm::pack_b_transposed(b, static_cast<size_t>(ldb), N, K, packed.data());
   else bf16_gemm::pack_b(b, static_cast<size_t>(ldb), K, N, packed.data());
-  constexpr int64_t kBlock = 64;
-  const int64_t row_blocks = (m + kBlock - 1) / kBlock, col_blocks = (n + kBlock - 1) / kBlock;
-  const int64_t jobs = row_blocks * col_blocks;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && omp_get_max_threads() > 1 && jobs > 1)
-  for (int64_t job = 0; job < jobs; ++job) {
-    const int64_t r0 = job / col_blocks * kBlock, c0 = job % col_blocks * kBlock;
-    const auto rows = static_cast<size_t>(std::min(kBlock, m - r0)), cols = static_cast<size_t>(std::min(kBlock, n - c0));
-    thread_local std::vector<float> tile;
-    tile.resize(rows * cols);
-    bf16_gemm::multiply(rows, cols, K, a + static_cast<size_t>(r0) * a_stride, a_stride,
-                        packed.data() + 2 * c0, N, tile.data(), cols, false);
-    for (size_t r = 0; r < rows; ++r) {
-      bfloat16* out = c + (static_cast<size_t>(r0) + r) * static_cast<size_t>(ldc) + c0;
-      for (size_t j = 0; j < cols; ++j)  // beta = 0 ignores C, as BLAS does (it may hold NaN)
-        out[j] = to_bfloat16(fb == 0.0f ? fa * tile[r * cols + j] : fa * tile[r * cols + j] + fb * to_float(out[j]));
-    }
-  }
+  bf16_gemm::multiply_blocks(M, N, K, a, a_stride, packed.data(), N,
+                             [&](int64_t row, int64_t col, const float* values, int64_t count) {
+                               bfloat16* out = c + row * ldc + col;
+                               for (int64_t j = 0; j < count; ++j)  // beta = 0 ignores C, as BLAS does (NaN there)
+                                 out[j] = to_bfloat16(fb == 0.0f ? fa * values[j] : fa * values[j] + fb * to_float(out[j]));
+                             });
 }
 
 // float16 has no faster instruction on the CPUs mha targets (no AVX512-FP16 here): the operands

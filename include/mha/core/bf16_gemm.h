@@ -40,6 +40,14 @@ void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat1
 void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed, size_t ldb,
               float* c, size_t ldc, bool accumulate);
 
+// The same product in float, in blocks of up to 64 rows × 64 columns split between OpenMP threads
+// the same way for any thread count: `finish(row, col, values, count)` gets each row segment of
+// each block, C[row][col, col + count), on the thread that computed it, and stores it (a packed
+// linear layer's bias and epilogue, gemm<bfloat16>'s alpha and beta).
+using RowSegment = std::function<void(int64_t row, int64_t col, float* values, int64_t count)>;
+void multiply_blocks(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed,
+                     size_t ldb, const RowSegment& finish);
+
 // Whether multiply runs on the CPU's bf16 instructions (false: the float32 fallback).
 bool native();
 
@@ -75,10 +83,10 @@ class PackedLinear {
 
   // panel_gemm::PackedLinear's contract: `values` are y[row][col, col + count) in float, the bias
   // added, on the thread that computed them; what the epilogue leaves there is rounded to y.
-  using Epilogue = std::function<void(int64_t row, int64_t col, float* values, int64_t count)>;
+  using Epilogue = RowSegment;
 
-  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous. The blocks are fixed
-  // by M and split between OpenMP threads: bitwise the same for any thread count. (Not for any
+  // y (M, out_features) = x (M, in_features) · Wᵀ + bias, both contiguous, on multiply_blocks:
+  // bitwise the same for any thread count. (Not for any
   // M: libxsmm's kernels block a product, and so order its additions, by its shape, so a row's
   // last bits may change with the rows around it.)
   void forward(View<const bfloat16> x, View<bfloat16> y, const Epilogue& epilogue = {}) const;
