@@ -99,12 +99,11 @@ uint16_t round_to_16_bit_float(double value, int exponent_bits, int mantissa_bit
 
 }  // namespace
 
-// Rounded to float toward odd (truncated, the last bit set when inexact), then to bfloat16 to
-// nearest even: correctly rounded once, since float carries more than two bits past bfloat16's
-// (Boldo & Melquiond, "When double rounding is odd"), subnormals included (both formats share
-// float's exponent range). A few float operations where round_to_16_bit_float takes 4.7 ns (the
-// bfloat16 LayerNorm rounds every output from double).
-bfloat16 to_bfloat16(double value) {
+// Outside bfloat16's normal range (to_bfloat16(double) rounds inside it): rounded to float toward
+// odd (truncated, the last bit set when inexact), then to bfloat16 to nearest even: correctly
+// rounded once, since float carries more than two bits past bfloat16's (Boldo & Melquiond, "When
+// double rounding is odd"), subnormals included (both formats share float's exponent range).
+bfloat16 to_bfloat16_outside_normal_range(double value) {
   float f = static_cast<float>(value);
   if (std::isfinite(f) && static_cast<double>(f) != value) {
     uint32_t bits = std::bit_cast<uint32_t>(f);

@@ -260,11 +260,23 @@ PackedBert<T>::PackedBert(BertModel<float>& model) : model_(&model) {
 template <class T>
 Tensor<T> PackedBert<T>::forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const {
   const Tensor<bool> padding = key_padding_mask(attention_mask, input_ids.shape());
-  Tensor<T> x;
-  if constexpr (std::is_same_v<T, float>) x = model_->embed(input_ids);
-  else x = cast<T>(model_->embed(input_ids));
-  for (const auto& layer : layers_) x = layer.forward(x, padding);
-  return x;
+  const Tensor<float> embedded = model_->embed(input_ids);  // padded: each token at its position l
+  const int64_t N = embedded.size(0), L = embedded.size(1), E = embedded.size(2);
+  // The real tokens back to back (rounded once for bfloat16) and where each sequence starts.
+  std::vector<int64_t> rows;
+  Tensor<int64_t> cu_seqlens({N + 1});
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t l = 0; l < L; ++l)
+      if (!padding[n * L + l]) rows.push_back(n * L + l);
+    cu_seqlens[n + 1] = static_cast<int64_t>(rows.size());
+  }
+  const auto total = static_cast<int64_t>(rows.size());
+  Tensor<T> x = Tensor<T>::uninitialized({total, E});
+  for (int64_t r = 0; r < total; ++r) convert(embedded.data() + rows[r] * E, x.data() + r * E, static_cast<size_t>(E));
+  for (const auto& layer : layers_) x = layer.forward(x, cu_seqlens);
+  Tensor<T> out({N, L, E});  // padding positions 0
+  for (int64_t r = 0; r < total; ++r) std::copy_n(x.data() + r * E, E, out.data() + rows[r] * E);
+  return out;
 }
 
 template class PackedBert<float>;

@@ -1,6 +1,10 @@
 #include "mha/nn/layer_norm.h"
 
+#include "layer_norm_kernels.h"
+
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <cstddef>
 #include <utility>
 
@@ -70,29 +74,37 @@ Tensor<T> LayerNorm<T>::forward(const Tensor<T>& x, Cache* cache) const {
   const T* w = affine_ ? weight.data() : nullptr;
   const T* b = has_bias_ ? bias.data() : nullptr;
   // Groups are independent: any split between threads gives the same bits.
+  if constexpr (!std::is_same_v<T, double>) {  // float, bfloat16: the vectorised kernel
+    constexpr int64_t kChunk = 16;               // rows per task
 #pragma omp parallel for schedule(static) if (x.numel() >= 65536)
-  for (int64_t g = 0; g < groups; ++g) {
-    const T* xr = px + g * n;
-    double mean = 0;
-    for (int64_t i = 0; i < n; ++i) mean += wide(xr[i]);
-    mean /= static_cast<double>(n);
-    double var = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = wide(xr[i]) - mean;
-      var += d * d;
-    }
-    var /= static_cast<double>(n);
-    const double r = 1.0 / std::sqrt(var + eps_);
-    rstd[g] = static_cast<W>(r);
-    W* nr = normalized.defined() ? normalized.data() + g * n : nullptr;
-    T* yr = y.data() + g * n;
-    for (int64_t i = 0; i < n; ++i) {
-      const double xhat = (wide(xr[i]) - mean) * r;
-      if (nr != nullptr) nr[i] = static_cast<W>(xhat);
-      double v = xhat;
-      if (w != nullptr) v *= wide(w[i]);
-      if (b != nullptr) v += wide(b[i]);
-      yr[i] = narrow<T>(v);
+    for (int64_t g0 = 0; g0 < groups; g0 += kChunk)
+      detail::layer_norm_rows(px + g0 * n, std::min(kChunk, groups - g0), n, w, b, eps_, y.data() + g0 * n,
+                              normalized.defined() ? normalized.data() + g0 * n : nullptr, rstd.data() + g0);
+  } else {  // double: in index order, the reference the others are held to
+#pragma omp parallel for schedule(static) if (x.numel() >= 65536)
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* xr = px + g * n;
+      double mean = 0;
+      for (int64_t i = 0; i < n; ++i) mean += wide(xr[i]);
+      mean /= static_cast<double>(n);
+      double var = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = wide(xr[i]) - mean;
+        var += d * d;
+      }
+      var /= static_cast<double>(n);
+      const double r = 1.0 / std::sqrt(var + eps_);
+      rstd[g] = static_cast<W>(r);
+      W* nr = normalized.defined() ? normalized.data() + g * n : nullptr;
+      T* yr = y.data() + g * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const double xhat = (wide(xr[i]) - mean) * r;
+        if (nr != nullptr) nr[i] = static_cast<W>(xhat);
+        double v = xhat;
+        if (w != nullptr) v *= wide(w[i]);
+        if (b != nullptr) v += wide(b[i]);
+        yr[i] = narrow<T>(v);
+      }
     }
   }
   if (cache != nullptr) {

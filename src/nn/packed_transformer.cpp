@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <span>
 #include <string>
 
 #include "gelu_kernels.h"
@@ -43,22 +42,6 @@ auto add_residual(const T* residual, int64_t width) {
   };
 }
 
-// The attention core's options in T from the module's (float) ones: the layer passes only a bool
-// key padding mask, so there is no float mask, sink or slope to convert.
-template <class T>
-attention::Options<T> options_as(const attention::Options<float>& from) {
-  if constexpr (std::is_same_v<T, float>) {
-    return from;
-  } else {
-    check(!from.additive_mask.defined() && !from.sinks.defined() && !from.alibi_slopes.defined(),
-          "PackedTransformerEncoderLayer: internal: a float mask, sinks or slopes in a bfloat16 layer");
-    attention::Options<T> to;
-    static_cast<attention::Scoring&>(to) = from;
-    to.attend_mask = from.attend_mask;
-    return to;
-  }
-}
-
 }  // namespace
 
 template <class T>
@@ -76,41 +59,48 @@ PackedTransformerEncoderLayer<T>::PackedTransformerEncoderLayer(TransformerEncod
 }
 
 template <class T>
-Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> src, View<const bool> key_padding_mask) const {
+Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> tokens, View<const int64_t> cu_seqlens) const {
   const int64_t E = options_.d_model, H = options_.nhead, hd = E / H;
-  check(src.dim() == 3 && src.size(2) == E && row_major(src), "PackedTransformerEncoderLayer: src: expected a "
-        "contiguous (N, L, ", E, ") view, got shape ", src.shape(), " with strides ", src.strides());
-  const int64_t N = src.size(0), L = src.size(1);
-  if (key_padding_mask.defined())
-    check(key_padding_mask.shape() == Shape{N, L} && row_major(key_padding_mask),
-          "PackedTransformerEncoderLayer: key_padding_mask: expected a contiguous (", N, ", ", L,
-          ") view (true = padding), got shape ", key_padding_mask.shape());
+  check(tokens.dim() == 2 && tokens.size(1) == E && row_major(tokens), "PackedTransformerEncoderLayer: tokens: "
+        "expected a contiguous (T, ", E, ") view, got shape ", tokens.shape(), " with strides ", tokens.strides());
+  const int64_t total = tokens.size(0);  // tokens of all sequences
+  Tensor<int64_t> whole;  // one sequence of all the tokens
+  if (!cu_seqlens.defined()) {
+    whole = Tensor<int64_t>({2}, std::vector<int64_t>{0, total});
+    cu_seqlens = whole;
+  }
+  check(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 && row_major(cu_seqlens),
+        "PackedTransformerEncoderLayer: cu_seqlens: expected a contiguous (N + 1) view of offsets, got shape ",
+        cu_seqlens.shape());
+  const int64_t N = cu_seqlens.size(0) - 1;
+  const int64_t* cu = cu_seqlens.data();
+  for (int64_t s = 0; s <= N; ++s)
+    check(s == 0 ? cu[s] == 0 : cu[s] >= cu[s - 1] && cu[s] <= total, "PackedTransformerEncoderLayer: cu_seqlens: "
+          "expected non-decreasing offsets from 0 to T = ", total, ", got ", cu[s], " at index ", s);
+  check(cu[N] == total, "PackedTransformerEncoderLayer: cu_seqlens: expected the last offset to be T = ", total, ", got ", cu[N]);
+  if (total == 0) return Tensor<T>({0, E});
 
   // Self-attention block: residual + out_proj(attention(in_proj(in))), the residual added to
   // each block of out_proj's product as it is finished.
   auto self_attention = [&](View<const T> in, const T* residual) {
-    const Tensor<T> qkv = in_proj_.forward(in);  // (N, L, 3E): rows [q | k | v]
-    // Heads read in place: (N, H, L, hd) with rows of 3E values.
-    const Shape qkv_strides{L * 3 * E, hd, 3 * E, 1};
-    const View<const T> q(qkv.data(), {N, H, L, hd}, qkv_strides);
-    const View<const T> k(qkv.data() + E, {N, H, L, hd}, qkv_strides);
-    const View<const T> v(qkv.data() + 2 * E, {N, H, L, hd}, qkv_strides);
-    Tensor<T> merged = Tensor<T>::uninitialized({N, L, E});  // heads written merged
-    Tensor<double> logsumexp = Tensor<double>::uninitialized({N, H, L});
-    // cpu_flash whatever L: automatic would take decode for batches of at most 16 tokens and
-    // cpu_flash above, which round differently, and a sentence's result must not depend on the
-    // batch it came in (the sentence encoder's promise: any batch size, any thread count).
-    // The masks and settings as the module makes them (MultiheadAttentionMasks::core_options).
-    MultiheadAttentionArgs<float> args;
-    args.need_weights = false;
-    if (key_padding_mask.defined())
-      args.key_padding_mask = Tensor<bool>({N, L}, std::span<const bool>(key_padding_mask.data(), static_cast<size_t>(N * L)));
-    const MultiheadAttentionMasks<float> masks = multihead_attention_masks(attention_options_, args, N, L, L, false);
-    attention::Options<T> opt = options_as<T>(masks.core_options(module_scoring(attention_options_, 0.0, 0)));
+    const Tensor<T> qkv = in_proj_.forward(in);  // (T, 3E): rows [q | k | v]
+    // Heads read in place: (1, H, T, hd) with rows of 3E values, the sequences back to back.
+    const Shape qkv_strides{total * 3 * E, hd, 3 * E, 1};
+    const View<const T> q(qkv.data(), {1, H, total, hd}, qkv_strides);
+    const View<const T> k(qkv.data() + E, {1, H, total, hd}, qkv_strides);
+    const View<const T> v(qkv.data() + 2 * E, {1, H, total, hd}, qkv_strides);
+    Tensor<T> merged = Tensor<T>::uninitialized({total, E});  // heads written merged
+    Tensor<double> logsumexp = Tensor<double>::uninitialized({1, H, total});
+    attention::Options<T> opt;
+    static_cast<attention::Scoring&>(opt) = module_scoring(attention_options_, 0.0, 0);
+    opt.cu_seqlens_q = opt.cu_seqlens_k = cu_seqlens;  // a token sees its own sequence's tokens
+    // cpu_flash whatever the length: automatic would take decode for a few tokens and cpu_flash above,
+    // which round differently, and a sentence's result must not depend on the batch it came in
+    // (the sentence encoder's promise: any batch size, any thread count).
     opt.backend = attention::Backend::cpu_flash;
     attention::sdpa_forward_into<T>(
-        q, k, v, {View<T>(merged.data(), {N, H, L, hd}, {L * E, hd, E, 1}), logsumexp, {}}, opt);
-    Tensor<T> out = Tensor<T>::uninitialized({N, L, E});
+        q, k, v, {View<T>(merged.data(), {1, H, total, hd}, {total * E, hd, E, 1}), logsumexp, {}}, opt);
+    Tensor<T> out = Tensor<T>::uninitialized({total, E});
     out_proj_.forward(merged, out, add_residual(residual, E));
     return out;
   };
@@ -118,7 +108,7 @@ Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> src, View<cons
   // each block of linear1's product and the residual added to linear2's as they are finished.
   auto feed_forward = [&](View<const T> in, const T* residual) {
     const int64_t F = options_.dim_feedforward;
-    Tensor<T> h = Tensor<T>::uninitialized({N, L, F});
+    Tensor<T> h = Tensor<T>::uninitialized({total, F});
     linear1_.forward(in, h, [&](int64_t, int64_t, float* values, int64_t count) {
       if (options_.activation == Activation::gelu && std::is_same_v<T, bfloat16>) {
         gelu_for_bfloat16(values, values, count);  // rounded to bfloat16 next
@@ -128,19 +118,19 @@ Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> src, View<cons
         for (int64_t j = 0; j < count; ++j) values[j] = std::max(values[j], 0.0f);
       }
     });
-    Tensor<T> out = Tensor<T>::uninitialized({N, L, E});
+    Tensor<T> out = Tensor<T>::uninitialized({total, E});
     linear2_.forward(h, out, add_residual(residual, E));
     return out;
   };
 
   if (options_.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
-    Tensor<T> x = Tensor<T>::uninitialized(src.shape());  // LayerNorm takes a Tensor
-    std::copy_n(src.data(), src.numel(), x.data());
+    Tensor<T> x = Tensor<T>::uninitialized(tokens.shape());  // LayerNorm takes a Tensor
+    std::copy_n(tokens.data(), tokens.numel(), x.data());
     const Tensor<T> a1 = self_attention(norm1_.forward(x), x.data());
     return feed_forward(norm2_.forward(a1), a1.data());
   }
   // x = norm1(x + sa(x)); x = norm2(x + ff(x))
-  const Tensor<T> y1 = norm1_.forward(self_attention(src, src.data()));
+  const Tensor<T> y1 = norm1_.forward(self_attention(tokens, tokens.data()));
   return norm2_.forward(feed_forward(y1, y1.data()));
 }
 

@@ -111,6 +111,29 @@ TEST(HalfFromDouble, Bfloat16IsCorrectlyRoundedAroundTies) {
   }
 }
 
+// to_bfloat16(double) rounds bfloat16's normal range inline from the double's bits and the rest
+// through float rounded toward odd: the second method, valid everywhere, gives the first's bits on
+// random doubles of every binade around bfloat16's (mantissas of all 52 bits, ties, one bit off a
+// tie) and at the edges between the two (2⁻¹²⁶, the largest bfloat16, the tie to inf, 2¹²⁸).
+TEST(HalfFromDouble, TheInlineRoundingMatchesTheRoundingToOdd) {
+  Generator gen(13);
+  std::vector<double> values = {0x1p-126, std::nextafter(0x1p-126, 0.0), 0x1.fep127, 0x1.ffp127,
+                                std::nextafter(0x1.ffp127, 0.0), std::nextafter(0x1.ffp127, 1e300), 0x1p128,
+                                std::nextafter(0x1p128, 0.0), 0x1.02p-126, 0x1.01p-126, 1.0, 0x1.01p0};
+  for (int i = 0; i < 200000; ++i) {
+    const int exponent = -140 + static_cast<int>(gen.uniform() * 272);
+    auto mantissa = static_cast<uint64_t>(gen.uniform() * 0x1p24) << 28 | static_cast<uint64_t>(gen.uniform() * 0x1p24) << 4;
+    if (i % 4 == 1) mantissa = (mantissa & ~((uint64_t{1} << 45) - 1)) | (uint64_t{1} << 44);  // a tie
+    if (i % 4 == 2) mantissa = (mantissa & ~((uint64_t{1} << 45) - 1)) | (uint64_t{1} << 44) | 1u;  // just above
+    values.push_back(std::ldexp(1.0 + static_cast<double>(mantissa) * 0x1p-52, exponent));
+  }
+  for (const double v : values)
+    for (const double x : {v, -v}) {
+      const uint16_t inline_bits = mha::to_bfloat16(x).bits;
+      ASSERT_EQ(inline_bits, mha::to_bfloat16_outside_normal_range(x).bits) << std::hexfloat << x;
+    }
+}
+
 // A double that holds a float rounds as the float overloads round it (float → double is exact).
 TEST(HalfFromDouble, AFloatRoundsAsTheFloatOverloads) {
   Generator gen(11);

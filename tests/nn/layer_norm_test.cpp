@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "../support/gradient_check.h"
 #include "../support/assertions.h"
+#include "mha/core/simd.h"
 #include "mha/nn/layer_norm.h"
 
 namespace {
@@ -158,6 +161,66 @@ TEST(LayerNorm, Bfloat16IsTheDoubleLayerRoundedOnce) {
     if (c.affine) {
       LayerNorm<mha::bfloat16> fresh(norm);
       EXPECT_EQ(mha::to_float(fresh.weight[0]), 1.0f);  // initialised to 1, not to the bits 0x0001
+    }
+  }
+}
+
+// float and bfloat16 run a vectorised kernel whose sums take one fixed order (eight partial sums)
+// on every SIMD target: each target gives the first's bits, forward and cache, for groups whose
+// size is and is not a multiple of a vector (the scalar tail), inputs of both signs and with an
+// offset (values that cancel), without and with weight and bias. And each is the double layer's
+// result rounded once: bfloat16 bit for bit, float within half a unit in the last place (plus
+// 2⁻⁴⁰ relative: the double sums' order differs from the double layer's index order).
+TEST(LayerNorm, EveryTargetGivesTheSameBits) {
+  Generator gen(43);
+  for (const Config c : {Config{true, true}, Config{false, false}}) {
+    for (const int64_t n : {int64_t{5}, int64_t{45}, int64_t{384}, int64_t{387}}) {
+      const Shape norm{n};
+      LayerNorm<double> wide(norm, 1e-5, c.affine, c.bias);
+      LayerNorm<float> single(norm, 1e-5, c.affine, c.bias);
+      LayerNorm<mha::bfloat16> half(norm, 1e-5, c.affine, c.bias);
+      if (c.affine) single.weight = mha::cast<float>(random_tensor(norm, gen, 0.5, 1.5));
+      if (c.bias) single.bias = mha::cast<float>(random_tensor(norm, gen));
+      if (c.affine) wide.weight = mha::cast<double>(single.weight);
+      if (c.bias) wide.bias = mha::cast<double>(single.bias);
+      Tensor<double> x = random_tensor({7, n}, gen, -3, 3);
+      for (int64_t i = 3 * n; i < 4 * n; ++i) x[i] += 100.0;  // a row far from 0
+      const Tensor<float> xf = mha::cast<float>(x);
+      const Tensor<double> want = wide.forward(mha::cast<double>(xf));
+      for (int64_t i = 0; i < want.numel(); ++i) {
+        const double ulp = std::ldexp(1.0, std::ilogb(want[i]) - 23);
+        ASSERT_LE(std::abs(single.forward(xf)[i] - want[i]), ulp / 2 + std::abs(want[i]) * 0x1p-40) << "float, element " << i;
+      }
+      if (c.affine) half.weight = mha::cast<mha::bfloat16>(single.weight);
+      if (c.bias) half.bias = mha::cast<mha::bfloat16>(single.bias);
+      if (c.affine) wide.weight = mha::cast<double>(half.weight);
+      if (c.bias) wide.bias = mha::cast<double>(half.bias);
+      const Tensor<mha::bfloat16> xh = mha::cast<mha::bfloat16>(x);
+      const Tensor<double> want_half = wide.forward(mha::cast<double>(xh));
+      std::vector<float> first_float, first_cache;
+      std::vector<uint16_t> first_half;
+      for (const std::string& target : mha::simd_targets()) {
+        const mha::ScopedSimdTarget pin(target);
+        SCOPED_TRACE(target + ", n " + std::to_string(n) + (c.affine ? ", affine" : ""));
+        LayerNorm<float>::Cache cache;
+        const Tensor<float> yf = single.forward(xf, &cache);
+        const Tensor<mha::bfloat16> yh = half.forward(xh);
+        std::vector<float> got_float(yf.data(), yf.data() + yf.numel());
+        std::vector<float> got_cache(cache.normalized.data(), cache.normalized.data() + cache.normalized.numel());
+        got_cache.insert(got_cache.end(), cache.rstd.data(), cache.rstd.data() + cache.rstd.numel());
+        std::vector<uint16_t> got_half;
+        for (int64_t i = 0; i < yh.numel(); ++i) {
+          got_half.push_back(yh[i].bits);
+          ASSERT_EQ(yh[i].bits, mha::to_bfloat16(want_half[i]).bits) << "bfloat16, element " << i;
+        }
+        if (first_float.empty()) {
+          first_float = got_float, first_cache = got_cache, first_half = got_half;
+          continue;
+        }
+        for (size_t i = 0; i < got_float.size(); ++i) ASSERT_EQ(got_float[i], first_float[i]) << "float, element " << i;
+        for (size_t i = 0; i < got_cache.size(); ++i) ASSERT_EQ(got_cache[i], first_cache[i]) << "cache, element " << i;
+        EXPECT_EQ(got_half, first_half);
+      }
     }
   }
 }

@@ -333,7 +333,9 @@ TEST(TransformerEncoderLayer, BadInputsAreErrorsNamingThem) {
 }
 
 // The inference twin against the layer's own eval-mode forward, on random weights (norms and
-// biases too), both norm orders and activations, with a padding mask.
+// biases too), both norm orders and activations: the padded batch with its key padding mask
+// against the real tokens packed back to back (cu_seqlens), row for row; and one sequence without
+// cu_seqlens against a batch of one.
 TEST(PackedTransformerEncoderLayer, MatchesTheLayersEvalForward) {
   mha::Generator gen(21);
   for (bool norm_first : {false, true}) {
@@ -349,18 +351,44 @@ TEST(PackedTransformerEncoderLayer, MatchesTheLayersEvalForward) {
       for (auto& p : layer.parameters()) *p.value = mha::testing::random_tensor<float>(p.value->shape(), gen, -0.5, 0.5);
       layer.eval();
       const mha::nn::PackedTransformerEncoderLayer<float> packed(layer);
+      const std::string what = std::string(norm_first ? "pre" : "post") + "-norm " + mha::nn::activation_name(act);
       const Tensor<float> x = mha::testing::random_tensor<float>({3, 13, 48}, gen, -2, 2);
-      Tensor<bool> padding({3, 13});
+      Tensor<bool> padding({3, 13});  // sequence 1 has 9 tokens, then padding
       for (int64_t l = 9; l < 13; ++l) padding[13 + l] = true;
       TransformerEncoderArgs<float> args;
       args.src_key_padding_mask = mha::nn::Mask<float>(padding);
-      const Tensor<float> want = layer.forward(x, args), got = packed.forward(x, padding);
-      ASSERT_EQ(got.shape(), want.shape());
-      for (int64_t i = 0; i < got.numel(); ++i)
-        ASSERT_NEAR(got[i], want[i], 2e-5 * std::max(1.0f, std::abs(want[i])))
-            << (norm_first ? "pre" : "post") << "-norm " << mha::nn::activation_name(act) << ", element " << i;
-      EXPECT_TRUE(throws_error([&] { packed.forward(Tensor<float>({3, 13, 47})); }, {"src", "(N, L, 48)"}));
-      EXPECT_TRUE(throws_error([&] { packed.forward(x, Tensor<bool>({3, 12})); }, {"key_padding_mask", "(3, 13)"}));
+      const Tensor<float> want = layer.forward(x, args);
+      std::vector<int64_t> rows;  // the real tokens' rows of the padded batch
+      for (int64_t r = 0; r < 3 * 13; ++r)
+        if (!padding[r]) rows.push_back(r);
+      Tensor<float> tokens({35, 48});
+      for (int64_t t = 0; t < 35; ++t) std::copy_n(x.data() + rows[t] * 48, 48, tokens.data() + t * 48);
+      const Tensor<int64_t> cu({4}, std::vector<int64_t>{0, 13, 22, 35});
+      const Tensor<float> got = packed.forward(tokens, cu);
+      ASSERT_EQ(got.shape(), (mha::Shape{35, 48}));
+      for (int64_t t = 0; t < 35; ++t)
+        for (int64_t h = 0; h < 48; ++h) {
+          const float w = want[rows[t] * 48 + h];
+          ASSERT_NEAR(got[t * 48 + h], w, 2e-5 * std::max(1.0f, std::abs(w))) << what << ", token " << t << ", feature " << h;
+        }
+      // One sequence: cu_seqlens left out, and an empty sequence beside it, change nothing.
+      const mha::View<const float> first(x.data(), {13, 48});
+      const Tensor<float> alone = packed.forward(first), with_empty = packed.forward(first, Tensor<int64_t>({3}, std::vector<int64_t>{0, 0, 13}));
+      for (int64_t i = 0; i < 13 * 48; ++i) {
+        ASSERT_EQ(alone[i], got[i]) << what << ", one sequence, element " << i;
+        ASSERT_EQ(with_empty[i], got[i]) << what << ", after an empty sequence, element " << i;
+      }
+      EXPECT_EQ(packed.forward(Tensor<float>({0, 48})).shape(), (mha::Shape{0, 48}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(Tensor<float>({3, 48, 1})); }, {"tokens", "(T, 48)", "[3, 48, 1]"}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(Tensor<float>({4, 47})); }, {"tokens", "(T, 48)"}));
+      const Tensor<float> four({4, 48});
+      EXPECT_TRUE(throws_error([&] { packed.forward(four, Tensor<int64_t>({1})); }, {"cu_seqlens", "(N + 1)", "[1]"}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(four, Tensor<int64_t>({3}, std::vector<int64_t>{1, 2, 4})); },
+                               {"cu_seqlens", "from 0 to T = 4", "got 1 at index 0"}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(four, Tensor<int64_t>({3}, std::vector<int64_t>{0, 3, 2})); },
+                               {"cu_seqlens", "non-decreasing", "got 2 at index 2"}));
+      EXPECT_TRUE(throws_error([&] { packed.forward(four, Tensor<int64_t>({3}, std::vector<int64_t>{0, 2, 3})); },
+                               {"cu_seqlens", "last offset to be T = 4", "got 3"}));
     }
   }
 }

@@ -85,7 +85,20 @@ inline float16 to_float16(float f) {
 // double that holds a float, the same bits as the float overloads above.
 // (Declared here, before narrow: a double argument must find these overloads, not the float
 // ones, which would round it twice.)
-bfloat16 to_bfloat16(double value);
+// bfloat16's normal range is rounded here, inline, straight from the double's bits (the bfloat16
+// LayerNorm rounds every output from double); zeros, subnormals, inf and NaN take the call.
+bfloat16 to_bfloat16_outside_normal_range(double value);
+inline bfloat16 to_bfloat16(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint64_t magnitude = bits & 0x7fffffffffffffffu;
+  // [2⁻¹²⁶, 2¹²⁸): keep 7 of the 52 mantissa bits, to nearest even (add 2⁴⁴ − 1 plus the lowest
+  // kept bit, then truncate; a carry into the exponent is the correct rounding up, to inf past the
+  // largest bfloat16), and move the exponent from double's bias (1023) to bfloat16's (127).
+  if (magnitude < 0x3810000000000000u || magnitude >= 0x47f0000000000000u) return to_bfloat16_outside_normal_range(value);
+  const uint64_t rounded = (magnitude + 0x0fffffffffffu + ((magnitude >> 45) & 1u)) >> 45;
+  return {static_cast<uint16_t>(((bits >> 48) & 0x8000u) | (rounded - (uint64_t{1023 - 127} << 7)))};
+}
 float16 to_float16(double value);
 
 // widen(x): x as the type it is computed in, float for the half types (float and double are

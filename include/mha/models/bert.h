@@ -83,7 +83,9 @@ class BertModel {
 Tensor<bool> key_padding_mask(const Tensor<int64_t>& attention_mask, const Shape& input_ids_shape);
 
 // BertModel<float>'s forward on nn::PackedTransformerEncoderLayer<T> (weights packed once, for
-// inference): what SentenceEncoder runs. T = float is tested against BertModel::forward;
+// inference): what SentenceEncoder runs. The layers see only the real tokens, back to back (the
+// padding is removed after the embedding block and costs the layers nothing); the states of the
+// padding positions come out 0. T = float is tested against BertModel::forward;
 // T = bfloat16 runs the layers in bfloat16 (the embedding block in float, its output rounded
 // once), held to PyTorch's bar: all-MiniLM-L6-v2's token states and embeddings within twice
 // sentence-transformers' bfloat16 distance from float64 (tests/models/sentence_encoder_test.cpp). Holds a pointer to `model`'s
@@ -92,6 +94,7 @@ template <class T>
 class PackedBert {
  public:
   explicit PackedBert(BertModel<float>& model);
+  // As BertModel::forward at every real token (attention_mask 1); 0 at the padding positions.
   Tensor<T> forward(const Tensor<int64_t>& input_ids, const Tensor<int64_t>& attention_mask) const;
 
  private:

@@ -10,9 +10,12 @@
 // the weight packed once, one thread). The tests hold this path to TransformerEncoderLayer's own
 // forward (eval mode), for both norm orders and both activations.
 //
-// What it takes is what an encoder in inference needs: batch-first src (N, L, E) and an optional
-// key padding mask (N, L), bool, PyTorch's polarity (true = padding, not attended to). Dropout
-// is not applied (eval mode). Later changes to the layer's weights are not seen: build a new one.
+// What it takes is what an encoder in inference needs, without padding: the real tokens of N
+// sequences back to back (T, E) and their offsets cu_seqlens (N + 1), FlashAttention's packed
+// layout. Each token attends to its own sequence's tokens, which is the layer's forward on the
+// padded batch (N, L, E) with the key padding mask, row for row at the real tokens; padding costs
+// nothing (no product, no attention row is spent on it). Dropout is not applied (eval mode).
+// Later changes to the layer's weights are not seen: build a new one.
 //
 // T = bfloat16: the same layer with the activations between its steps in bfloat16 and the
 // weights rounded to bfloat16 once (PyTorch's model.to(torch.bfloat16)); the projections on
@@ -42,9 +45,10 @@ class PackedTransformerEncoderLayer {
  public:
   explicit PackedTransformerEncoderLayer(TransformerEncoderLayer<float>& layer);
 
-  // src: contiguous (N, L, d_model). key_padding_mask: undefined, or contiguous (N, L).
-  // Returns (N, L, d_model). mha::Error naming the argument for anything else.
-  Tensor<T> forward(View<const T> src, View<const bool> key_padding_mask = {}) const;
+  // tokens: contiguous (T, d_model). cu_seqlens: contiguous (N + 1), non-decreasing from 0 to T
+  // (empty sequences allowed), or undefined for one sequence of all T tokens.
+  // Returns (T, d_model). mha::Error naming the argument for anything else.
+  Tensor<T> forward(View<const T> tokens, View<const int64_t> cu_seqlens = {}) const;
 
   const TransformerEncoderLayerOptions& options() const { return options_; }
 
