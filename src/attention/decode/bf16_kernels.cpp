@@ -23,6 +23,11 @@ namespace mha::attention::detail::decode {
 
 namespace {
 
+// This file's functions (their lambdas too) for the bf16 instruction set; called only where the
+// CPU has it.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+
 #define MHA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 
 // [Σa, Σb, Σc, Σe]: four sums across lanes at once (decode's Sum4 in kernels.cpp, here in
@@ -37,28 +42,43 @@ MHA_BF16_TARGET inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 e) {
 }
 
 // R rows × K keys: R·K accumulators of 16 lanes, each pair of dimensions of a key multiplied by
-// the rows' pair in one VDPBF16PS; `mask` covers a last partial vector of 32 numbers.
+// the rows' pair in one VDPBF16PS; `mask` covers a last partial vector of 32 numbers. The
+// accumulators are named variables, not an array: GCC 12 kept an array of them in memory as well
+// as in registers and stored every one after each VDPBF16PS (two 64-byte stores per instruction,
+// the loop's bottleneck: this kernel ran at a third of the instruction's rate).
 template <size_t R, size_t K>
 MHA_BF16_TARGET inline void qk_block(const bfloat16* q, size_t qs, const bfloat16* k, size_t ks, size_t dim, float* s,
                                      size_t ss) {
-  __m512 acc[R][K];
-  for (size_t r = 0; r < R; ++r)
-    for (size_t j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
+  static_assert(R >= 1 && R <= 4 && (K == 1 || K == 4), "rows 1..4, keys 1 or 4");
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
   for (size_t e = 0; e < dim; e += 32) {
     const __mmask32 mask = dim - e >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << (dim - e)) - 1);
-    __m512i qv[R];
-    for (size_t r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_epi16(mask, q + r * qs + e);
-    for (size_t j = 0; j < K; ++j) {
-      const __m512i kv = _mm512_maskz_loadu_epi16(mask, k + j * ks + e);
-      for (size_t r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)qv[r], (__m512bh)kv);
-    }
+    auto load = [&](const bfloat16* p) { return (__m512bh)_mm512_maskz_loadu_epi16(mask, p + e); };
+    const __m512bh k0 = load(k);
+    const __m512bh k1 = K == 4 ? load(k + ks) : k0, k2 = K == 4 ? load(k + 2 * ks) : k0, k3 = K == 4 ? load(k + 3 * ks) : k0;
+    auto row = [&](const bfloat16* qr, __m512& x0, __m512& x1, __m512& x2, __m512& x3) {
+      const __m512bh qv = load(qr);
+      x0 = _mm512_dpbf16_ps(x0, qv, k0);
+      if constexpr (K == 4) {
+        x1 = _mm512_dpbf16_ps(x1, qv, k1);
+        x2 = _mm512_dpbf16_ps(x2, qv, k2);
+        x3 = _mm512_dpbf16_ps(x3, qv, k3);
+      }
+    };
+    row(q, a00, a01, a02, a03);
+    if constexpr (R > 1) row(q + qs, a10, a11, a12, a13);
+    if constexpr (R > 2) row(q + 2 * qs, a20, a21, a22, a23);
+    if constexpr (R > 3) row(q + 3 * qs, a30, a31, a32, a33);
   }
-  if constexpr (K == 4) {
-    for (size_t r = 0; r < R; ++r) _mm_storeu_ps(s + r * ss, sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-  } else {
-    for (size_t r = 0; r < R; ++r)
-      for (size_t j = 0; j < K; ++j) s[r * ss + j] = _mm512_reduce_add_ps(acc[r][j]);
-  }
+  auto store = [&](float* sr, __m512 x0, __m512 x1, __m512 x2, __m512 x3) {
+    if constexpr (K == 4) _mm_storeu_ps(sr, sum4(x0, x1, x2, x3));
+    else *sr = _mm512_reduce_add_ps(x0);
+  };
+  store(s, a00, a01, a02, a03);
+  if constexpr (R > 1) store(s + ss, a10, a11, a12, a13);
+  if constexpr (R > 2) store(s + 2 * ss, a20, a21, a22, a23);
+  if constexpr (R > 3) store(s + 3 * ss, a30, a31, a32, a33);
 }
 
 template <size_t R>
@@ -75,6 +95,8 @@ MHA_BF16_TARGET void qk_rows(const bfloat16* q, size_t qs, const bfloat16* k, si
   }
   for (; c < cols; ++c) qk_block<R, 1>(q, qs, k + c * ks, ks, dim, s + c, ss);
 }
+
+#pragma GCC pop_options
 
 }  // namespace
 
