@@ -2,8 +2,8 @@
 """`make bench`, decode part: one generation step (one query row per head) against a KV cache,
 mha beside PyTorch's scaled_dot_product_attention, same shapes, dtypes and threads, same run.
 
-Runs `mha bench --decode` (which also measures the machine's read bandwidth: a parallel sum of
-1 GiB), then PyTorch on the same grid: B in {1, 8}, Hq = 32, Hkv in {8, 32}, d = 128,
+Runs `mha bench --decode` (which also measures the machine's read bandwidth, a parallel sum of
+1 GiB after each step in the same rounds, per row: the host's bandwidth drifts over a run), then PyTorch on the same grid: B in {1, 8}, Hq = 32, Hkv in {8, 32}, d = 128,
 S in {1024, 4096, 16384, 32768}, cache float32 and bfloat16 (both: query, key and value all in
 that dtype; PyTorch with enable_gqa for Hkv < Hq). Each step reads
 another copy of the cache, enough copies to fill 512 MiB, so no last-level cache holds it
@@ -56,14 +56,15 @@ def main():
         torch_version = torch.__version__
     except ImportError:
         torch_version = None
-    bandwidth = report["read_bandwidth_gb_per_s"]
-    print(f"\nDecode step beside PyTorch {torch_version} SDPA, {threads} threads; read bandwidth {bandwidth:.1f} GB/s")
-    print(f"{'cache':9} {'B':>2} {'Hkv':>4} {'S':>6} | {'mha ms':>8} {'GB/s':>6} {'%read':>6} | "
+    print(f"\nDecode step beside PyTorch {torch_version} SDPA, {threads} threads; %read: of the read bandwidth "
+          f"measured in the row's own rounds")
+    print(f"{'cache':9} {'B':>2} {'Hkv':>4} {'S':>6} | {'read':>6} | {'mha ms':>8} {'GB/s':>6} {'%read':>6} | "
           f"{'torch ms':>8} {'GB/s':>6} {'%read':>6} | {'mha/torch':>9}")
     for row in report["decode"]:
         mha_s = row["step_ms"] / 1e3
-        line = (f"{row['dtype']:9} {row['batch']:>2} {row['kv_heads']:>4} {row['keys']:>6} | {mha_s * 1e3:8.3f} "
-                f"{row['gb_per_s']:6.1f} {100 * row['gb_per_s'] / bandwidth:5.0f}% | ")
+        bandwidth = row["read_gb_per_s"]
+        line = (f"{row['dtype']:9} {row['batch']:>2} {row['kv_heads']:>4} {row['keys']:>6} | {bandwidth:6.1f} | "
+                f"{mha_s * 1e3:8.3f} {row['gb_per_s']:6.1f} {100 * row['gb_per_s'] / bandwidth:5.0f}% | ")
         if torch_version:
             t = torch_step_seconds(row, threads, 5)
             gbs = row["cache_bytes"] / t / 1e9

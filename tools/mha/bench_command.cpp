@@ -222,29 +222,35 @@ void run_bench(const BenchArgs& args) {
 // (as each layer of a model reads its own), enough copies to fill 512 MiB, so that the last
 // level cache does not hold the cache between steps.
 
-// GB/s of a parallel sum over 1 GiB (on every thread, the way the decode kernel reads): blocks of
-// 32 KiB, each summed into 8 independent accumulators so that the adds never wait on each other
-// (one running sum read 25% less on a 2-core Zen 3: a dependency chain, not the memory).
-double read_bandwidth_gbs(int repeats) {
-  const int64_t n = int64_t{1} << 27, block = 4096;  // 128 Mi uint64 = 1 GiB
-  std::unique_ptr<uint64_t[]> data(new uint64_t[n]);
+// A parallel sum over 1 GiB (on every thread, the way the decode kernel reads): blocks of 32 KiB,
+// each summed into 8 independent accumulators so that the adds never wait on each other (one
+// running sum read 25% less on a 2-core Zen 3: a dependency chain, not the memory). One pass of
+// read() takes the time the machine needs to read `bytes`.
+class ReadBandwidth {
+ public:
+  ReadBandwidth() : data_(new uint64_t[kCount]) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<uint64_t>(i);
-  uint64_t total = 0;
-  const double t = median_seconds([&] {
+    for (int64_t i = 0; i < kCount; ++i) data_[i] = static_cast<uint64_t>(i);
+  }
+  static constexpr int64_t bytes = int64_t{1} << 30;
+  void read() {
     uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
-    for (int64_t b = 0; b < n; b += block) {
+    for (int64_t b = 0; b < kCount; b += kBlock) {
       uint64_t acc[8] = {};
-      for (int64_t i = b; i < b + block; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += data[i + j];
+      for (int64_t i = b; i < b + kBlock; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += data_[i + j];
       for (uint64_t a : acc) sum += a;
     }
-    total += sum;
-  }, repeats);
-  if (total == 42) std::printf(" ");  // keep the sum alive
-  return static_cast<double>(n) * sizeof(uint64_t) / t / 1e9;
-}
+    total_ += sum;
+    if (total_ == 42) std::printf(" ");  // keep the sum alive
+  }
+
+ private:
+  static constexpr int64_t kCount = bytes / 8, kBlock = 4096;  // 128 Mi uint64
+  std::unique_ptr<uint64_t[]> data_;
+  uint64_t total_ = 0;
+};
 
 // Finite values in [−1, 1] (cheap, parallel: a cache of several GB filled by a normal generator
 // would take longer than the measurement).
@@ -261,8 +267,11 @@ void fill_values(T* data, int64_t n, uint64_t seed) {
   }
 }
 
+// One row of the table: a step's median time and, measured in the same rounds (a pass of the
+// parallel sum after each step: the host's bandwidth drifts over a run), the read bandwidth.
 template <class Kv>
-void decode_row(nlohmann::json& report, int64_t batch, int64_t kv_heads, int64_t keys, double bandwidth, int repeats) {
+void decode_row(nlohmann::json& report, ReadBandwidth& reader, int64_t batch, int64_t kv_heads, int64_t keys,
+                int repeats) {
   const int64_t heads = 32, d = 128;
   const int64_t bytes = 2 * batch * kv_heads * keys * d * static_cast<int64_t>(sizeof(Kv));
   const int64_t copies = std::clamp<int64_t>(((int64_t{512} << 20) + bytes - 1) / bytes, 1, 64);
@@ -279,28 +288,42 @@ void decode_row(nlohmann::json& report, int64_t batch, int64_t kv_heads, int64_t
   Tensor<double> lse({batch, heads, 1});
   attention::Options<Kv> opt;
   opt.causal = attention::Causal::bottom_right;
-  const double t = median_seconds([&] {
-    for (int64_t c = 0; c < copies; ++c)
-      attention::sdpa_forward_into<Kv>(View<const Kv>(q), View<const Kv>(k[c]), View<const Kv>(v[c]), {out, lse, {}}, opt);
-  }, repeats) / static_cast<double>(copies);
+  auto seconds = [](const std::function<void()>& run) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<double> steps, reads;
+  for (int r = 0; r <= repeats; ++r) {  // round 0 warms up
+    const double step = seconds([&] {
+      for (int64_t c = 0; c < copies; ++c)
+        attention::sdpa_forward_into<Kv>(View<const Kv>(q), View<const Kv>(k[c]), View<const Kv>(v[c]), {out, lse, {}}, opt);
+    });
+    const double read = seconds([&] { reader.read(); });
+    if (r > 0) steps.push_back(step / static_cast<double>(copies)), reads.push_back(read);
+  }
+  std::sort(steps.begin(), steps.end());
+  std::sort(reads.begin(), reads.end());
+  const double t = steps[steps.size() / 2];
   const double gbs = static_cast<double>(bytes) / t / 1e9;
-  std::printf("%-9s %3lld %4lld %7lld %10.3f %8.1f %7.0f%%\n", storage_name<Kv>(), static_cast<long long>(batch),
-              static_cast<long long>(kv_heads), static_cast<long long>(keys), t * 1e3, gbs, 100 * gbs / bandwidth);
+  const double bandwidth = static_cast<double>(ReadBandwidth::bytes) / reads[reads.size() / 2] / 1e9;
+  std::printf("%-9s %3lld %4lld %7lld %10.3f %8.1f %8.1f %7.0f%%\n", storage_name<Kv>(), static_cast<long long>(batch),
+              static_cast<long long>(kv_heads), static_cast<long long>(keys), t * 1e3, gbs, bandwidth,
+              100 * gbs / bandwidth);
   std::fflush(stdout);
   report["decode"].push_back({{"dtype", storage_name<Kv>()}, {"batch", batch}, {"query_heads", heads},
                               {"kv_heads", kv_heads}, {"keys", keys}, {"head_dim", d}, {"step_ms", t * 1e3},
-                              {"cache_bytes", bytes}, {"gb_per_s", gbs}});
+                              {"cache_bytes", bytes}, {"gb_per_s", gbs}, {"read_gb_per_s", bandwidth}});
 }
 
 void run_decode_bench(const BenchArgs& args) {
   nlohmann::json report;
   report["threads"] = omp_get_max_threads();
-  const double bandwidth = read_bandwidth_gbs(args.repeats);
-  report["read_bandwidth_gb_per_s"] = bandwidth;
-  std::printf("mha bench --decode: %d threads; read bandwidth (parallel sum of 1 GiB) %.1f GB/s\n"
+  ReadBandwidth reader;
+  std::printf("mha bench --decode: %d threads; read bandwidth: a parallel sum of 1 GiB after each step, same rounds\n"
               "one query row per head, Hq = 32, d = 128, bottom-right causal; GB/s of keys and values read\n\n",
-              omp_get_max_threads(), bandwidth);
-  std::printf("%-9s %3s %4s %7s %10s %8s %8s\n", "cache", "B", "Hkv", "S", "step ms", "GB/s", "%read");
+              omp_get_max_threads());
+  std::printf("%-9s %3s %4s %7s %10s %8s %8s %8s\n", "cache", "B", "Hkv", "S", "step ms", "GB/s", "read", "%read");
   const std::vector<int64_t> batches = args.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
   const std::vector<int64_t> kv_heads = args.quick ? std::vector<int64_t>{8} : std::vector<int64_t>{8, 32};
   const std::vector<int64_t> lengths =
@@ -310,9 +333,9 @@ void run_decode_bench(const BenchArgs& args) {
       for (int64_t h : kv_heads)
         for (int64_t s : lengths) {
           if (bf16) {
-            decode_row<bfloat16>(report, b, h, s, bandwidth, args.repeats);
+            decode_row<bfloat16>(report, reader, b, h, s, args.repeats);
           } else {
-            decode_row<float>(report, b, h, s, bandwidth, args.repeats);
+            decode_row<float>(report, reader, b, h, s, args.repeats);
           }
         }
   write_report(report, args.json_path);
