@@ -104,7 +104,7 @@ MHA_BF16_TARGET void qk_rows(const bfloat16* q, size_t qs, const bfloat16* k, si
 // An odd last key pairs with a zero row. Named accumulators, as in qk_block.
 template <size_t R>
 MHA_BF16_TARGET void pv_rows(const bfloat16* p, size_t ps, const bfloat16* v, size_t vs, size_t cols, size_t dim,
-                             float* o, size_t os) {
+                             float* o, size_t os, const bfloat16* next, size_t ns) {
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   const auto* pbits = reinterpret_cast<const uint16_t*>(p);
@@ -115,6 +115,10 @@ MHA_BF16_TARGET void pv_rows(const bfloat16* p, size_t ps, const bfloat16* v, si
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     for (size_t c = 0; c < cols; c += 2) {
+      if (next && e == 0)
+        for (size_t j = c; j < c + 2; ++j)
+          for (size_t byte = 0; byte < dim * sizeof(bfloat16); byte += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(next + j * ns) + byte, 0, 2);
       const bool pair = c + 1 < cols;
       const bfloat16* v0 = v + c * vs + e;
       const __m512i x0 = _mm512_maskz_loadu_epi16(m0, v0), x1 = _mm512_maskz_loadu_epi16(m1, v0 + 32);
@@ -160,15 +164,17 @@ MHA_BF16_TARGET void pv_rows(const bfloat16* p, size_t ps, const bfloat16* v, si
 }  // namespace
 
 void pv_accumulate_bf16(const bfloat16* p, size_t p_stride, size_t rows, const bfloat16* v, size_t v_stride,
-                        size_t cols, size_t dim, float* out, size_t out_stride) {
+                        size_t cols, size_t dim, float* out, size_t out_stride, const bfloat16* next,
+                        size_t next_stride) {
   for (size_t r = 0; r < rows; r += 4) {
     const bfloat16* pr = p + r * p_stride;
     float* o = out + r * out_stride;
+    const bfloat16* nr = r == 0 ? next : nullptr;  // prefetched once
     switch (std::min<size_t>(4, rows - r)) {
-      case 4: pv_rows<4>(pr, p_stride, v, v_stride, cols, dim, o, out_stride); break;
-      case 3: pv_rows<3>(pr, p_stride, v, v_stride, cols, dim, o, out_stride); break;
-      case 2: pv_rows<2>(pr, p_stride, v, v_stride, cols, dim, o, out_stride); break;
-      default: pv_rows<1>(pr, p_stride, v, v_stride, cols, dim, o, out_stride); break;
+      case 4: pv_rows<4>(pr, p_stride, v, v_stride, cols, dim, o, out_stride, nr, next_stride); break;
+      case 3: pv_rows<3>(pr, p_stride, v, v_stride, cols, dim, o, out_stride, nr, next_stride); break;
+      case 2: pv_rows<2>(pr, p_stride, v, v_stride, cols, dim, o, out_stride, nr, next_stride); break;
+      default: pv_rows<1>(pr, p_stride, v, v_stride, cols, dim, o, out_stride, nr, next_stride); break;
     }
   }
 }

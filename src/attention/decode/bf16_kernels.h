@@ -28,6 +28,7 @@ void qk_scores_bf16(const bfloat16* q, size_t q_stride, size_t rows, const bfloa
 // p the probabilities in bfloat16 (ScoreTile::probs_bf16); any dim (masked), keys in pairs, rows
 // in groups of 4 that read each value row once. Only where bf16_scores().
 void pv_accumulate_bf16(const bfloat16* p, size_t p_stride, size_t rows, const bfloat16* v, size_t v_stride,
-                        size_t cols, size_t dim, float* out, size_t out_stride);
+                        size_t cols, size_t dim, float* out, size_t out_stride, const bfloat16* next = nullptr,
+                        size_t next_stride = 0);
 
 }  // namespace mha::attention::detail::decode

@@ -148,6 +148,12 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     const Operand<Kv> k = operand(a.key, n.stage_k && !n.bf16, s.k_block, n.Dqk, n.dq);
     const Operand<Kv> v = operand(a.value, n.stage_v && !n.bf16, s.v_block, n.Dv, n.dv);
 
+    // The next block's keys (when it has as many, read in place, rows as long as the values'),
+    // prefetched by the first row block while it sums this block's values: the hardware
+    // prefetcher follows the keys only while they are read, and would leave the memory idle.
+    const int64_t next0 = j0 + static_cast<int64_t>(Bc);
+    const bool prefetch_k = next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
+    const Kv* next_keys = prefetch_k ? a.key.row(b, kv, next0) : nullptr;
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
       const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
@@ -174,11 +180,13 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
       if (n.bf16) {
         if constexpr (std::is_same_v<Kv, bfloat16>)
-          decode::pv_accumulate_bf16(s.p16.data(), Bc, rows, v.rows, v.stride, cols, n.Dv, o + r0 * n.dv, n.dv);
+          decode::pv_accumulate_bf16(s.p16.data(), Bc, rows, v.rows, v.stride, cols, n.Dv, o + r0 * n.dv, n.dv,
+                                     r0 == 0 ? next_keys : nullptr, to_size(a.key.stride_row));
       } else if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
       } else {
-        decode::pv_accumulate(s.scores.data(), Bc, rows, v.rows, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
+        decode::pv_accumulate(s.scores.data(), Bc, rows, v.rows, v.stride, cols, n.dv, o + r0 * n.dv, n.dv,
+                              r0 == 0 ? next_keys : nullptr, to_size(a.key.stride_row));
       }
     }
   }

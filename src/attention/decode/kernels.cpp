@@ -185,10 +185,11 @@ constexpr size_t kPVKeys = 16;
 
 template <class Kv>
 void PVAccumulate(const float* p, size_t p_stride, size_t rows, const Kv* v, size_t v_stride, size_t cols, size_t dim,
-                  float* out, size_t out_stride) {
+                  float* out, size_t out_stride, const Kv* next, size_t next_stride) {
   const DF d;
   for (size_t c0 = 0; c0 < cols; c0 += kPVKeys) {
     const size_t n = std::min(kPVKeys, cols - c0);
+    if (next) PrefetchRows(next + c0 * next_stride, next_stride, n, dim);
     const Kv* vc = v + c0 * v_stride;
     for (size_t r = 0; r < rows; r += 4) {
       const float* pr = p + r * p_stride + c0;
@@ -210,8 +211,8 @@ void PVAccumulate(const float* p, size_t p_stride, size_t rows, const Kv* v, siz
     QKScores(q, qs, rows, k, ks, cols, dim, s, ss, next, ns);                                                     \
   }                                                                                                               \
   void PVAccumulate##suffix(const float* p, size_t ps, size_t rows, const Kv* v, size_t vs, size_t cols,           \
-                            size_t dim, float* o, size_t os) {                                                    \
-    PVAccumulate(p, ps, rows, v, vs, cols, dim, o, os);                                                           \
+                            size_t dim, float* o, size_t os, const Kv* next, size_t ns) {                         \
+    PVAccumulate(p, ps, rows, v, vs, cols, dim, o, os, next, ns);                                                 \
   }
 MHA_DECODE_KERNELS(float, F32)
 MHA_DECODE_KERNELS(bfloat16, BF16)
@@ -242,8 +243,8 @@ size_t lanes() { return HWY_DYNAMIC_DISPATCH(Lanes)(); }
   }                                                                                                                \
   template <>                                                                                                      \
   void pv_accumulate(const float* p, size_t ps, size_t rows, const Kv* v, size_t vs, size_t cols, size_t dim,      \
-                     float* o, size_t os) {                                                                        \
-    HWY_DYNAMIC_DISPATCH(PVAccumulate##suffix)(p, ps, rows, v, vs, cols, dim, o, os);                              \
+                     float* o, size_t os, const Kv* next, size_t ns) {                                             \
+    HWY_DYNAMIC_DISPATCH(PVAccumulate##suffix)(p, ps, rows, v, vs, cols, dim, o, os, next, ns);                    \
   }
 MHA_DECODE_DISPATCH(float, F32)
 MHA_DECODE_DISPATCH(bfloat16, BF16)

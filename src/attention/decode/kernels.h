@@ -28,8 +28,11 @@ void qk_scores(const float* q, size_t q_stride, size_t rows, const Kv* k, size_t
 
 // out[r·out_stride + e] += Σ_c p[r·p_stride + c] · v[c·v_stride + e]   (r < rows, e < dim)
 // Blocks of 4 rows × up to 4 vectors of columns stay in registers while runs of 16 keys go by.
+// `next` (may be null): `cols` rows of `dim` the caller reads next (the next block's keys),
+// prefetched into L2 as the values go by: the hardware prefetcher follows the keys only while
+// they are read, and would leave the memory idle while the values are summed.
 template <class Kv>
 void pv_accumulate(const float* p, size_t p_stride, size_t rows, const Kv* v, size_t v_stride, size_t cols,
-                   size_t dim, float* out, size_t out_stride);
+                   size_t dim, float* out, size_t out_stride, const Kv* next = nullptr, size_t next_stride = 0);
 
 }  // namespace mha::attention::detail::decode
