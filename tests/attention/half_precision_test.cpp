@@ -94,7 +94,7 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
 // reference in double on the same values, u = 2⁻⁸ (bfloat16's unit roundoff), each result rounded
 // once more (u·|g64|), float's own error within 2⁻¹⁶ of the largest:
 //   |o − o64|       ≤ u·z·max_j |v_je| + u·|o64|           (Σ_j P_j·z·|v_je| ≤ z·max|v|, z = 1/(1 − p);
-//                                                            decode's forward: the same roundings)
+//                                                            decode's forward: its P·V in float, within it)
 //   |dV − dV64|_je  ≤ u·Σ_i P_ij·|dO_ie| + u·|dV64_je|
 //   |dK − dK64|_je  ≤ u·|scale|·Σ_i |dS_ij|·|q_ie| + u·|dK64_je|
 //   |dQ − dQ64|_ie  ≤ u·|scale|·Σ_j |dS_ij|·|k_je| + u·|dQ64_ie|
@@ -115,7 +115,7 @@ void check_bf16_products(const Case& c, uint64_t seed) {
     return m;
   };
   const double max_v = largest(in.v);
-  // decode too (few rows): both products on VDPBF16PS, P rounded to bfloat16 as cpu_flash rounds it.
+  // decode too (few rows): its Q·Kᵀ on VDPBF16PS, P·V in float (within the same bound).
   std::vector<std::pair<const char*, Tensor<bfloat16>>> outputs{{"cpu_flash", h.fwd.output}};
   if (c.q_len <= 16 && !c.need_weights)
     outputs.emplace_back("decode", run_forward<bfloat16>(c, in, Backend::decode).output);

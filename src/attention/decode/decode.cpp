@@ -41,8 +41,8 @@ struct Plan {
   // Rows are read in place (and converted to float as they are loaded) when they are whole
   // vectors; otherwise each block is first converted into a zero-padded float buffer.
   bool stage_k, stage_v;
-  // bfloat16 queries, keys and values on the CPU's bf16 instructions (qk_scores_bf16,
-  // pv_accumulate_bf16: any row length, read in place).
+  // bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row length, read
+  // in place); the values as the float path reads them.
   bool bf16;
   size_t dq, dv;
   int64_t chunk, chunks, tasks;
@@ -82,7 +82,6 @@ struct Scratch {
   Buffer<float> k_block, v_block;  // staged blocks (zero padding stays zero)
   Buffer<float> q_scaled;
   Buffer<bfloat16> q16;  // bfloat16 queries as they are, for qk_scores_bf16 (the kernels apply the scale)
-  Buffer<bfloat16> p16;  // a block's probabilities in bfloat16, for pv_accumulate_bf16
   Buffer<float> scores, bias, factors;
   Buffer<int64_t> first, end;
   Buffer<double> merged;
@@ -90,8 +89,7 @@ struct Scratch {
 
   Scratch(const Plan& n, bool masked, bool dropout)
       : k_block(n.stage_k ? kBlockKeys * n.dq : 0), v_block(n.stage_v ? kBlockKeys * n.dv : 0),
-        q_scaled(n.R * n.dq), q16(n.bf16 ? n.R * n.Dqk : 0),
-        p16(n.bf16 ? std::min(n.R, kBlockRows) * kBlockKeys : 0), scores(std::min(n.R, kBlockRows) * kBlockKeys),
+        q_scaled(n.R * n.dq), q16(n.bf16 ? n.R * n.Dqk : 0), scores(std::min(n.R, kBlockRows) * kBlockKeys),
         bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
         factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
         merged(n.Dv) {}
@@ -146,7 +144,7 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
                     : Operand<Kv>{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
     };
     const Operand<Kv> k = operand(a.key, n.stage_k && !n.bf16, s.k_block, n.Dqk, n.dq);
-    const Operand<Kv> v = operand(a.value, n.stage_v && !n.bf16, s.v_block, n.Dv, n.dv);
+    const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
 
     // The next block's keys (when it has as many, read in place, rows as long as the values'),
     // prefetched by the first row block while it sums this block's values: the hardware
@@ -173,16 +171,9 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
                                        s.end.data()};
       tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
                                             [&](size_t r) { return n.row(kv, r0 + r); });
-      if (n.bf16) {
-        t.scale = static_cast<float>(p.scale);
-        t.probs_bf16 = s.p16.data();  // P for P·V in bfloat16 (the row sums keep the float P)
-      }
+      if (n.bf16) t.scale = static_cast<float>(p.scale);
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
-      if (n.bf16) {
-        if constexpr (std::is_same_v<Kv, bfloat16>)
-          decode::pv_accumulate_bf16(s.p16.data(), Bc, rows, v.rows, v.stride, cols, n.Dv, o + r0 * n.dv, n.dv,
-                                     r0 == 0 ? next_keys : nullptr, to_size(a.key.stride_row));
-      } else if (v.staged) {
+      if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
       } else {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.rows, v.stride, cols, n.dv, o + r0 * n.dv, n.dv,
