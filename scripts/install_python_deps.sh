@@ -3,11 +3,12 @@
 # environment in .venv/ (Debian's python3 refuses pip installs outside one, PEP 668) that also
 # sees the packages already installed for python3 (--system-site-packages: an existing torch
 # is not downloaded again), then pip-installs what does not import yet: nanobind and
-# scikit-build-core to build the package, numpy, ml_dtypes (numpy's bfloat16), pytest, torch (the CPU wheel from PyPI) and
-# expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run).
+# scikit-build-core to build the package, numpy, ml_dtypes (numpy's bfloat16), pytest, torch (the CPU wheel from PyPI),
+# expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run) and
+# transformers (mha.transformers: attn_implementation="mha", tested on models built from configs).
 # With --bench also the peers `make bench` measures mha against: ONNX Runtime, and
-# sentence-transformers / transformers (+ onnxscript for torch.onnx.export) for the sentence
-# encoder's bench (scripts/bench/bench_embed.py).
+# sentence-transformers (+ onnxscript for torch.onnx.export) for the sentence encoder's bench
+# (scripts/bench/bench_embed.py).
 # Idempotent: a second run finds everything and only prints one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,12 +29,12 @@ declare -A requirement=(
   [pytest]="pytest"
   [torch]="torch>=2.4"
   [expecttest]="expecttest"
+  [transformers]="transformers>=5"
 )
 if [[ "${1:-}" == "--bench" ]]; then
   requirement+=(
     [onnxruntime]="onnxruntime"
     [onnxscript]="onnxscript"
-    [transformers]="transformers"
     [sentence_transformers]="sentence-transformers"
   )
 fi

@@ -256,7 +256,9 @@ def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
     if causal not in CAUSAL:
         raise ArgumentError(f"causal: expected one of {', '.join(CAUSAL)}, got {causal!r}")
     if attn_mask is not None:
-        if causal != "none":
+        # PyTorch's rule for is_causal (top-left); bottom-right causality (FlashAttention's, that of
+        # transformers' caches) combines with a mask: mha.transformers passes the padding that way.
+        if causal == "top_left":
             raise ArgumentError("attn_mask: expected None when is_causal=True (PyTorch's rule: the causal "
                                 "mask replaces it), got a mask")
         attn_mask = _array("attn_mask", attn_mask)

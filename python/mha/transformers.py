@@ -1,0 +1,173 @@
+"""mha inside Hugging Face transformers: attn_implementation="mha".
+
+    import mha.transformers            # registers "mha" (mha.transformers.register() does it again)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="mha")
+    model.set_attn_implementation("mha")   # or on a model already loaded
+
+Importing this module registers two functions under the name "mha": `attention_forward` with
+transformers' AttentionInterface and `attention_mask` with its AttentionMaskInterface. The mask
+function hands the attention function the padding alone, as the 2-D (batch, keys) bool mask
+transformers builds for FlashAttention (None when nothing is padded), never a dense
+(batch, 1, queries, keys) mask: causality, the sliding window, the soft-cap, the sinks and packed
+sequences are the attention call's own settings, and mha skips the keys outside them (a window of
+W keys costs O(L·W), not O(L²)).
+
+What the attention function takes, as transformers' models send it (docs/transformers.md):
+`scaling`, `dropout` (the models pass 0 outside training), `is_causal` (else the module's),
+`sliding_window` (FlashAttention's convention: a query sees W − 1 keys before it; both sides
+when not causal, as ModernBERT's local layers), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks,
+with their gradient), grouped-query attention without repeating keys, a KV cache (the queries
+are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed `position_ids`
+(padding-free batches, DataCollatorWithFlattening). It returns (B, L, H, Dv) as transformers
+expects, and no attention weights: `output_attentions=True` warns once, as transformers' own
+"sdpa" and FlashAttention do. A model whose mask has a part mha cannot turn into these settings
+(Gemma 3's bidirectional image blocks, Llama 4's chunks, a custom mask function) is refused by
+the mask function with an error naming the model and the part; a 4-D mask the caller built is
+applied as it is.
+"""
+
+import warnings
+
+import torch
+
+from . import _core
+from . import torch as _mha_torch
+
+__all__ = ["NAME", "register", "attention_forward", "attention_mask"]
+
+NAME = "mha"
+
+# The mask functions transformers composes that the attention call's settings express: causality
+# (or none), the sliding windows, the padding (the 2-D mask) and packed sequences (position_ids).
+_EXPRESSED = {
+    "causal_mask_function",
+    "bidirectional_mask_function",
+    "sliding_window_overlay.<locals>.inner_mask",
+    "sliding_window_bidirectional_overlay.<locals>.inner_mask",
+    "padding_mask_function.<locals>.inner_mask",
+    "packed_sequence_mask_function.<locals>.inner_mask",
+}
+# The ones that combine others: every part must be expressed (an or_mask widens what a query
+# sees, so it is never taken apart).
+_AND = {"and_masks.<locals>.and_mask", "remap_positions_for_packed_sequence.<locals>.inner_mask",
+        "add_offsets_to_mask_function.<locals>.inner_mask"}
+
+
+def _parts(function):
+    """The mask functions `function` is built from that mha does not express (names), if any."""
+    name = getattr(function, "__qualname__", type(function).__name__)
+    if name in _EXPRESSED:
+        return []
+    if name in _AND:
+        inner = []
+        for cell in function.__closure__ or ():
+            value = cell.cell_contents
+            for part in value if isinstance(value, tuple) else (value,):
+                if callable(part) and not isinstance(part, torch.Tensor):
+                    inner += _parts(part)
+        return inner
+    return [name]
+
+
+def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                   attention_mask=None, **kwargs):
+    """transformers' AttentionMaskInterface function for "mha": the 2-D padding mask (batch, keys),
+    bool, True for a real token, its last kv_length columns (a sliding-window cache holds the
+    last keys), or None when nothing is padded. Raises mha.ArgumentError for a mask with a part
+    the attention call cannot express (the model and the part named)."""
+    unexpressed = _parts(mask_function) if mask_function is not None else []
+    if unexpressed:
+        config = kwargs.get("config")
+        model = getattr(config, "model_type", None) or "this model"
+        raise _core.ArgumentError(
+            f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
+            f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
+            f"attn_implementation=\"sdpa\" or \"eager\" for this model")
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -kv_length:]
+    if mask.dtype != torch.bool:
+        mask = mask.bool()
+    # As transformers' FlashAttention mask: nothing to pass when nothing is padded (A mask shorter
+    # than the keys is a static cache's: the keys past it are slots not written yet.) Under
+    # torch.compile the mask goes as it is: looking at its values would break the graph.
+    if mask.shape[1] == kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
+        return None
+    return mask
+
+
+_warned = set()
+
+
+def _warn_once(message):
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(f"mha.transformers: {message} (this warning is shown once)", stacklevel=3)
+
+
+def _packed_offsets(position_ids, total):
+    """cu_seqlens (N + 1,) of the sequences packed in one row whose positions restart at 0
+    (DataCollatorWithFlattening), or None when the row is one sequence."""
+    positions = position_ids.reshape(-1)
+    if positions.numel() != total or total <= 1:
+        return None
+    starts = torch.nonzero(positions == 0).reshape(-1)
+    if starts.numel() == 0 or (starts.numel() == 1 and int(starts[0]) == 0):
+        return None
+    if int(starts[0]) != 0:  # a row that does not begin a sequence: its first tokens are one
+        starts = torch.cat([starts.new_zeros(1), starts])
+    return torch.cat([starts, starts.new_tensor([total])]).to(torch.int64)
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      sliding_window=None, softcap=None, s_aux=None, cu_seq_lens_q=None, cu_seq_lens_k=None,
+                      position_ids=None, **kwargs):
+    """transformers' AttentionInterface function for "mha": query (B, Hq, L, D), key and value
+    (B, Hkv, S, D/Dv) as the models send them, attention_mask from `attention_mask` above (or a
+    4-D mask the caller built) -> ((B, L, Hq, Dv), None). See the module's docstring."""
+    if kwargs.get("output_attentions", False):
+        _warn_once("attention weights are not computed (output_attentions=True returns None for them, as "
+                   "transformers' \"sdpa\" and FlashAttention do)")
+    reason = _mha_torch._unsupported(query, key, value, attention_mask)
+    if reason is not None:
+        raise _core.ArgumentError(f"attn_implementation=\"mha\": mha runs floating-point CPU tensors, got {reason}")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    mask, cu_q, cu_k = None, None, None
+    if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
+        mask, causal = attention_mask, False
+        if mask.dtype != torch.bool and mask.dtype != query.dtype:  # an additive mask, in the model's dtype
+            mask = mask.to(query.dtype)
+    elif attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != query.shape[0]:
+            raise _core.ArgumentError(f"attention_mask: expected the (batch, keys) padding mask of mha's mask "
+                                      f"function or a 4-D mask, got shape {tuple(attention_mask.shape)}")
+        length = attention_mask.shape[1]
+        if length < key.shape[2]:  # a static cache: the slots past the mask are not written yet
+            key, value = key[:, :, :length], value[:, :, :length]
+        mask = attention_mask[:, None, None, :]
+        if mask.dtype != torch.bool:
+            mask = mask.bool()
+    elif cu_seq_lens_q is not None and cu_seq_lens_k is not None:
+        cu_q, cu_k = cu_seq_lens_q.to(torch.int64), cu_seq_lens_k.to(torch.int64)
+    elif position_ids is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
+        cu_q = _packed_offsets(position_ids, query.shape[2])
+        cu_k = cu_q
+    window = (-1, -1)
+    if sliding_window is not None:  # FlashAttention's convention, as transformers passes it
+        window = (int(sliding_window) - 1, int(sliding_window) - 1)
+    sinks = s_aux.to(query.dtype) if s_aux is not None else None
+    output, _ = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
+                                      scaling, True, window, float(softcap or 0.0), sinks, None, cu_q, cu_k)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def register():
+    """Registers "mha" with transformers' AttentionInterface and AttentionMaskInterface (again:
+    importing mha.transformers already did)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, attention_mask)
+
+
+register()

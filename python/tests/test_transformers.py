@@ -1,0 +1,279 @@
+"""mha inside Hugging Face transformers (mha.transformers, issue 27): attn_implementation="mha"
+for each family, built from a small config with random weights, against the same model in
+float64.
+
+The bar is transformers' own: on a padded batch, mha's largest error over the real tokens'
+logits (or hidden states) against float64 is at most twice that of transformers' own path in the
+same dtype ("sdpa" where the family has it, else "eager"). The float64 reference and
+transformers' own path run each sequence alone, unpadded: with left padding transformers' own
+float paths put NaN in the padded rows, which the next layer's values carry into every row, so
+the padded batch has no finite reference there (mha gives a padded query that sees no key 0).
+"""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import mha  # noqa: E402
+import mha.transformers  # noqa: E402
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: E402
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
+
+T = transformers
+LAYERS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2)
+TWO_KINDS = ["sliding_attention", "full_attention"]
+
+# family: (model class, config, transformers' own path). Windows of 5 keys, so that 12 tokens
+# reach past them; Gemma 2's soft-cap at 0.5, so that it bends these small random scores.
+DECODERS = {
+    "llama": (T.LlamaForCausalLM, lambda: T.LlamaConfig(**LAYERS), "sdpa"),
+    "mistral": (T.MistralForCausalLM, lambda: T.MistralConfig(**LAYERS, sliding_window=5), "sdpa"),
+    "qwen2": (T.Qwen2ForCausalLM, lambda: T.Qwen2Config(**LAYERS, use_sliding_window=True, sliding_window=5,
+                                                         max_window_layers=1), "sdpa"),
+    "qwen3": (T.Qwen3ForCausalLM, lambda: T.Qwen3Config(**LAYERS, head_dim=16), "sdpa"),
+    "gemma2": (T.Gemma2ForCausalLM, lambda: T.Gemma2Config(**LAYERS, head_dim=16, query_pre_attn_scalar=24,
+                                                           attn_logit_softcapping=0.5, sliding_window=5), "eager"),
+    "gemma3": (T.Gemma3ForCausalLM, lambda: T.Gemma3TextConfig(**LAYERS, head_dim=16, query_pre_attn_scalar=24,
+                                                               sliding_window=5, layer_types=TWO_KINDS), "sdpa"),
+    "gpt_oss": (T.GptOssForCausalLM, lambda: T.GptOssConfig(**LAYERS, head_dim=16, sliding_window=5,
+                                                            num_local_experts=4, num_experts_per_tok=2,
+                                                            layer_types=TWO_KINDS), "eager"),
+}
+ENCODERS = {
+    "bert": (T.BertModel, lambda: T.BertConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=2, num_attention_heads=4), "sdpa"),
+    "modernbert": (T.ModernBertModel, lambda: T.ModernBertConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                                                 num_hidden_layers=3, num_attention_heads=4,
+                                                                 local_attention=6, global_attn_every_n_layers=3,
+                                                                 pad_token_id=0), "sdpa"),
+}
+FAMILIES = {**DECODERS, **ENCODERS}
+
+
+def build(family, attn_implementation, dtype):
+    cls, config, _ = FAMILIES[family]
+    torch.manual_seed(0)
+    model = cls(config()).eval()
+    if family == "gpt_oss":
+        model.set_experts_implementation("eager")  # the grouped product takes no float64
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_()  # sinks that weigh in the softmax
+    model = model.to(dtype)
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+def output_of(family, model, ids, mask=None, position_ids=None):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids)
+    return (out.logits if family in DECODERS else out.last_hidden_state).double()
+
+
+def batch(padding, lengths=(12, 7, 9)):
+    """Three sequences of `lengths` tokens (at most 12), padded on the right or the left: ids,
+    mask, the position ids each sequence has alone, and each sequence's tokens."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 97, (3, 12), generator=gen)
+    mask = torch.zeros(3, 12, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    if padding == "left":
+        mask = mask.flip(1)
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    alone = [ids[row][mask[row].bool()].unsqueeze(0) for row in range(3)]
+    return ids, mask, position_ids, alone
+
+
+def error_alone(family, model, alone, reference):
+    return max((output_of(family, model, x)[0] - r[0]).abs().max().item() for x, r in zip(alone, reference))
+
+
+def test_registered_under_the_name_mha():
+    assert ALL_ATTENTION_FUNCTIONS["mha"] is mha.transformers.attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS["mha"] is mha.transformers.attention_mask
+    mha.transformers.register()  # again: the same functions
+    assert ALL_ATTENTION_FUNCTIONS["mha"] is mha.transformers.attention_forward
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_within_twice_transformers_own_error(family, dtype):
+    own_path = FAMILIES[family][2]
+    reference_model = build(family, "eager", torch.float64)
+    own, ours = build(family, own_path, dtype), build(family, "mha", dtype)
+    for padding in ("right", "left"):
+        ids, mask, position_ids, alone = batch(padding)
+        reference = [output_of(family, reference_model, x) for x in alone]
+        own_error = error_alone(family, own, alone, reference)
+        got = output_of(family, ours, ids, mask, position_ids)
+        real = mask.bool()
+        our_error = max((got[row][real[row]] - reference[row][0]).abs().max().item() for row in range(3))
+        print(f"{family} {dtype} {padding}: mha {our_error:.3g}, transformers {own_path} {own_error:.3g}")
+        assert our_error <= 2 * own_error, f"{family} {dtype} {padding}-padded"
+
+
+def greedy(model, ids, mask, tokens=32):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False,
+                          output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+
+
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_greedy_generation_gives_the_eager_tokens(family):
+    """32 greedy tokens after left-padded prompts of 7 and 9 tokens, transformers' dynamic cache
+    (the sliding-window layers' past the window of 5): the eager float32 tokens. A step whose two
+    best eager logits are closer than twice transformers' own float32 error on the prompt may
+    pick the other; from there the continuations differ, so the comparison stops (and counts)."""
+    ids, mask, position_ids, alone = batch("left")
+    ids, mask, alone = ids[1:], mask[1:], alone[1:]
+    reference = build(family, "eager", torch.float64)
+    own = build(family, FAMILIES[family][2], torch.float32)
+    bound = 2 * error_alone(family, own, alone, [output_of(family, reference, x) for x in alone])
+    eager, ours = greedy(build(family, "eager", torch.float32), ids, mask), greedy(build(family, "mha", torch.float32), ids, mask)
+    prompt = ids.shape[1]
+    near_ties = 0
+    for row in range(ids.shape[0]):
+        for step, scores in enumerate(eager.scores):
+            if ours.sequences[row, prompt + step] == eager.sequences[row, prompt + step]:
+                continue
+            top2 = scores[row].double().topk(2).values
+            assert top2[0] - top2[1] < bound, f"{family}: row {row} differs at step {step}, not a near tie"
+            near_ties += 1
+            break
+    print(f"{family}: {near_ties} near-tie steps")
+
+
+def train_step(model, **inputs):
+    model.zero_grad()
+    out = model(**inputs)
+    out.loss.backward()
+    return out.loss.double(), {name: p.grad.double().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_training_step_and_a_packed_batch(family):
+    """A training step's loss and every parameter's gradient, on a right-padded batch and on the
+    same three sequences packed in one row by DataCollatorWithFlattening (padding-free: position_ids
+    restart at each sequence): within twice the error of transformers' own float32 path on the
+    padded batch, parameter by parameter, against float64 on it. (2 and 3 padding tokens, fewer
+    than the window's 5 keys: a padded query whose window holds only padding would put NaN in
+    transformers' own padded batch, and the next layer's values would carry it into every row.)
+    Two rules are noisy on tiny tensors and get a floor, with the evidence: the loss is one
+    scalar that either float32 path hits to the last bit or misses by one unit by chance
+    (measured on 12, 7 and 9 tokens: transformers 0, mha 4.8e-7, one unit in the last place of
+    4.6), so its bound adds that unit; and gpt-oss's four sink gradients per layer are each a sum
+    over every row of −exp(sink − lse)·(dO·O) whose terms cancel, which mha adds in double from
+    its float32 O and dO (attention.cpp, sink_gradients): what is left is their rounding, luck of
+    the cancellation (measured, layer 1, |g| ≤ 5.1e-4, in units in the last place of the largest:
+    mha 21 packed and 8.7 padded, transformers 9.2), so a tensor of at most 16 elements may also be
+    within 32 such units."""
+    from transformers import DataCollatorWithFlattening
+    ids, mask, _, alone = batch("right", lengths=(12, 10, 9))
+    padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    packed = dict(DataCollatorWithFlattening()([{"input_ids": x[0].tolist()} for x in alone]))
+    ref_loss, ref = train_step(build(family, "eager", torch.float64), **padded)
+    own_loss, own = train_step(build(family, FAMILIES[family][2], torch.float32), **padded)
+    eps = torch.finfo(torch.float32).eps
+    for name, inputs in (("padded", padded), ("packed", packed)):
+        loss, grads = train_step(build(family, "mha", torch.float32), **inputs)
+        assert abs(loss - ref_loss) <= 2 * abs(own_loss - ref_loss) + eps * abs(ref_loss), f"{family} {name}: loss"
+        for p in ref:
+            ours_error = (grads[p] - ref[p]).abs().max().item()
+            own_error = (own[p] - ref[p]).abs().max().item()
+            floor = 32 * eps * ref[p].abs().max().item() if ref[p].numel() <= 16 else 0.0
+            assert ours_error <= max(2 * own_error, floor), \
+                f"{family} {name}: gradient of {p}: {ours_error:.3g} vs {own_error:.3g}"
+
+
+def test_torch_compile_has_no_graph_break():
+    """The whole model compiles into one graph (the mask function passes the mask as it is under
+    torch.compile; the attention is mha's operator), and gives the uncompiled logits."""
+    ids, mask, _, _ = batch("right")
+    model = build("mistral", "mha", torch.float32)
+    explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+    assert explanation.graph_break_count == 0, [r.reason for r in explanation.break_reasons]
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+
+
+def test_a_mask_mha_cannot_express_is_refused():
+    """Gemma 3's bidirectional image blocks (an or_mask of a blockwise overlay), Llama 4's chunks
+    and a mask function of one's own: an error naming the model and the part, before any
+    attention runs. Causality, windows, padding and packing pass."""
+    from transformers import masking_utils as M
+    config = T.Gemma3TextConfig(**LAYERS)
+    blocks = M.or_masks(M.causal_mask_function, M.blockwise_overlay(torch.zeros(1, 4, dtype=torch.long)))
+    for function, part in ((blocks, "or_masks"), (M.chunked_causal_mask_function(4, torch.zeros(1)), "chunked_overlay"),
+                           (lambda b, h, q, kv: kv <= q, "<lambda>")):
+        with pytest.raises(mha.ArgumentError, match=f"gemma3_text's attention mask .*{part}"):
+            mha.transformers.attention_mask(1, 4, 4, mask_function=function, config=config)
+    padding = torch.tensor([[1, 1, 0, 0]])
+    for function in (M.causal_mask_function, M.sliding_window_causal_mask_function(3),
+                     M.sliding_window_bidirectional_mask_function(2), M.bidirectional_mask_function,
+                     M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool()))):
+        assert mha.transformers.attention_mask(1, 4, 4, mask_function=function) is None
+        assert torch.equal(mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding),
+                           padding.bool())
+    # The last keys of a longer mask (a sliding-window cache), and nothing when none is padded.
+    assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
+                       torch.tensor([[True, False]]))
+    assert mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]])) is None
+
+
+def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():
+    module = torch.nn.Module()
+    module.is_causal = True
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=gen) for _ in range(3))
+    mask = torch.rand(2, 1, 6, 6, generator=gen) > 0.3
+    mask[..., 0] = True
+    out, weights = mha.transformers.attention_forward(module, q, k, v, mask, scaling=0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5)
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+    assert weights is None and out.is_contiguous()
+    additive = torch.zeros(2, 1, 6, 6, dtype=torch.float64).masked_fill(~mask, torch.finfo(torch.float64).min)
+    out, _ = mha.transformers.attention_forward(module, q, k, v, additive, scaling=0.5)  # taken in q's dtype
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+    with pytest.warns(UserWarning, match="output_attentions"):
+        mha.transformers.attention_forward(module, q, k, v, None, output_attentions=True)
+    with pytest.raises(mha.ArgumentError, match=r"attention_mask: expected the \(batch, keys\) padding mask .* got "
+                                                r"shape \(2, 6, 6\)"):
+        mha.transformers.attention_forward(module, q, k, v, torch.ones(2, 6, 6, dtype=torch.bool))
+    with pytest.raises(mha.ArgumentError, match="mha runs floating-point CPU tensors, got tensors on meta"):
+        mha.transformers.attention_forward(module, q.to("meta"), k.to("meta"), v.to("meta"), None)
+
+
+def test_all_minilm_through_automodel_matches_sentence_transformers():
+    """The real all-MiniLM-L6-v2 (models/, `make model`) through AutoModel with
+    attn_implementation="mha", mean-pooled and normalised as sentence-transformers does, on the 50
+    golden sentences as one batch padded to 256 tokens: each embedding within twice
+    sentence-transformers' float32 error against float64 (the committed goldens,
+    tests/goldens/sentence), and in bfloat16 within twice its bfloat16 distance from float64."""
+    import pathlib
+
+    import numpy as np
+    from conftest import load_safetensors
+    root = pathlib.Path(__file__).resolve().parents[2]
+    model_dir = root / "models" / "all-MiniLM-L6-v2"
+    assert (model_dir / "model.safetensors").exists(), f"{model_dir} is missing: run `make model`"
+    golden, _ = load_safetensors(root / "tests" / "goldens" / "sentence" / "minilm.safetensors")
+    ids = torch.from_numpy(golden["input_ids"])
+    mask = torch.from_numpy(golden["attention_mask"])
+    f64 = golden["embedding_f64"]
+    for dtype, peer in ((torch.float32, golden["embedding_f32"]), (torch.bfloat16, golden["embedding_bf16"])):
+        model = T.AutoModel.from_pretrained(model_dir, attn_implementation="mha", dtype=dtype).eval()
+        assert model.config._attn_implementation == "mha"
+        with torch.no_grad():
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.double()
+        weights = mask.unsqueeze(-1).double()
+        mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        ours = torch.nn.functional.normalize(mean, dim=1).numpy()
+        ours_distance = np.linalg.norm(ours - f64, axis=1)
+        peer_distance = np.linalg.norm(peer.astype(np.float64) - f64, axis=1)
+        worst = float(np.max(ours_distance / peer_distance))
+        print(f"all-MiniLM-L6-v2 {dtype}: largest distance / sentence-transformers' {worst:.2f}")
+        assert (ours_distance <= 2 * peer_distance).all(), (dtype, worst)
