@@ -91,7 +91,8 @@ demo: deps model build python-package
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
 # sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), the attention
-# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py) and the bf16 tile products (mha bench --gemm). The peers are installed into .venv first.
+# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm) and models
+# inside Hugging Face transformers (bench_transformers.py). The peers are installed into .venv first.
 bench: TARGETS = mha_cli
 bench: deps model build python-package
 	./scripts/install_python_deps.sh --bench
@@ -102,6 +103,7 @@ bench: deps model build python-package
 	$(PYTHON) scripts/bench/bench_variants.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_bfloat16.py $(BUILD_DIR)
 	$(BUILD_DIR)/tools/mha/mha bench --gemm --json $(BUILD_DIR)/bench/gemm.json
+	$(PYTHON) scripts/bench/bench_transformers.py $(BUILD_DIR)
 	./scripts/bench/bench_distributed.sh $(BUILD_DIR)
 
 clean:
