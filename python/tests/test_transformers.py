@@ -145,6 +145,16 @@ def test_greedy_generation_gives_the_eager_tokens(family):
     print(f"{family}: {near_ties} near-tie steps")
 
 
+def test_a_static_cache_gives_the_eager_tokens():
+    """transformers' static cache holds slots not written yet past the padding mask's length: the
+    keys are cut there (left-padded prompts, 8 greedy tokens, the eager float32 tokens)."""
+    ids, mask, _, _ = batch("left")
+    run = lambda implementation: build("llama", implementation, torch.float32).generate(
+        input_ids=ids[1:], attention_mask=mask[1:], max_new_tokens=8, do_sample=False, pad_token_id=0,
+        cache_implementation="static")
+    assert torch.equal(run("mha"), run("eager"))
+
+
 def train_step(model, **inputs):
     model.zero_grad()
     out = model(**inputs)
@@ -172,11 +182,13 @@ def test_training_step_and_a_packed_batch(family):
     from transformers import DataCollatorWithFlattening
     ids, mask, _, alone = batch("right", lengths=(12, 10, 9))
     padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
-    packed = dict(DataCollatorWithFlattening()([{"input_ids": x[0].tolist()} for x in alone]))
+    features = [{"input_ids": x[0].tolist()} for x in alone]
+    packed = dict(DataCollatorWithFlattening()(features))  # the sequences from position_ids
+    with_offsets = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features))  # cu_seq_lens_q/k
     ref_loss, ref = train_step(build(family, "eager", torch.float64), **padded)
     own_loss, own = train_step(build(family, FAMILIES[family][2], torch.float32), **padded)
     eps = torch.finfo(torch.float32).eps
-    for name, inputs in (("padded", padded), ("packed", packed)):
+    for name, inputs in (("padded", padded), ("packed", packed), ("packed with offsets", with_offsets)):
         loss, grads = train_step(build(family, "mha", torch.float32), **inputs)
         assert abs(loss - ref_loss) <= 2 * abs(own_loss - ref_loss) + eps * abs(ref_loss), f"{family} {name}: loss"
         for p in ref:
