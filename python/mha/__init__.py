@@ -56,9 +56,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
     """
-    output, logsumexp = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
-                                      enable_gqa, dropout_seed, _core.get_num_threads(), window_size, softcap,
-                                      sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    output, logsumexp, _ = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
+                                         enable_gqa, dropout_seed, _core.get_num_threads(), window_size, softcap,
+                                         sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     return (output, logsumexp) if return_logsumexp else output
 
 

@@ -358,8 +358,10 @@ def _call(fn, *arguments):
 
 def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
             window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
-            cu_seqlens_k=None):
-    """(output, logsumexp) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L) float64."""
+            cu_seqlens_k=None, need_weights=False):
+    """(output, logsumexp, weights) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L)
+    float64, and with need_weights the probabilities (after dropout, sinks left out) (*lead, L, S)
+    in the query's dtype, else None."""
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
     scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
@@ -368,12 +370,14 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     attend, additive = _masks(layout, attn_mask)
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
+    weights = np.empty(layout.mask_shape(), query.dtype) if need_weights else None
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_function("sdpa_forward", query.dtype), _bits(_to_flat(layout, "query", query)),
           _bits(_to_flat(layout, "key", key)), _bits(_to_flat(layout, "value", value)),
           _bits(output.reshape(B, H, L, layout.value_dim)), logsumexp.reshape(B, H, L), attend, _bits(additive),
-          scoring, num_threads, *variants.bits())
-    return output, logsumexp
+          scoring, num_threads, *variants.bits(),
+          None if weights is None else _bits(weights.reshape(B, H, L, layout.key_len)))
+    return output, logsumexp, weights
 
 
 def _check_like(name, x, shape, dtype):
@@ -398,8 +402,8 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")
     if output is None:
-        output, logsumexp = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
-                                    dropout_seed, num_threads, window_size, softcap, *variants.arguments())
+        output, logsumexp, _ = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
+                                       dropout_seed, num_threads, window_size, softcap, *variants.arguments())
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))

@@ -69,10 +69,10 @@ def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional
     row (..., Hq, L). causal is "none", "top_left" (torch's is_causal) or "bottom_right";
     dropout_seed an int64 scalar tensor (None without dropout); the window, soft-cap, sinks, ALiBi
     slopes and packed offsets as in mha.scaled_dot_product_attention."""
-    output, logsumexp = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
-                                      causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
-                                      (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
-                                      _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
+    output, logsumexp, _ = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
+                                         causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
+                                         (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
+                                         _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
     return _tensor(output), torch.from_numpy(logsumexp)
 
 
@@ -84,6 +84,27 @@ def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropou
       window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
     layout = _core.Layout(query.shape, key.shape, value.shape, enable_gqa)
     return query.new_empty(layout.output_shape()), query.new_empty(layout.logsumexp_shape(), dtype=torch.float64)
+
+
+@torch.library.custom_op("mha::sdpa_weights", mutates_args=(), device_types="cpu")
+def sdpa_weights(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
+                 causal: str, scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor],
+                 window_left: int = -1, window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
+                 alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                 cu_seqlens_k: Optional[Tensor] = None) -> Tensor:
+    """The attention probabilities (..., Hq, L, S) of sdpa_forward's call with the same arguments
+    (after its dropout, the sinks' share left out), in the query's dtype. No gradient."""
+    _, _, weights = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p, causal,
+                                  scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
+                                  (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
+                                  _numpy(cu_seqlens_q), _numpy(cu_seqlens_k), need_weights=True)
+    return _tensor(weights)
+
+
+@sdpa_weights.register_fake
+def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, window_left=-1,
+      window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    return query.new_empty(_core.Layout(query.shape, key.shape, value.shape, enable_gqa).mask_shape())
 
 
 @torch.library.custom_op("mha::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -204,9 +225,11 @@ def _fall_back(reason, what="scaled_dot_product_attention"):
 
 
 def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap=0.0, sinks=None,
-               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, need_weights=False):
     """(output, logsumexp) of mha's operator on inputs mha runs: the seed drawn when dropout needs
-    one, the operator when autograd or torch.compile needs it, else its body."""
+    one, the operator when autograd or torch.compile needs it, else its body. With need_weights,
+    (output, logsumexp, weights): the probabilities of the same call (the same dropout seed), by
+    a second pass, without a gradient."""
     # Drawn from the default generator only when used, so that without dropout the random
     # stream is left as PyTorch's SDPA leaves it.
     seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
@@ -215,7 +238,11 @@ def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, wi
     # The dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
     needs_op = torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, sinks)))
-    return torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
+    output, logsumexp = torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
+    if not need_weights:
+        return output, logsumexp
+    weights = torch.ops.mha.sdpa_weights(*(a.detach() if isinstance(a, Tensor) else a for a in args))
+    return output, logsumexp, weights
 
 
 def _check_variants_run(reason, softcap, sinks, alibi_slopes):

@@ -19,8 +19,9 @@ when not causal, as ModernBERT's local layers), `softcap` (Gemma 2), `s_aux` (gp
 with their gradient), grouped-query attention without repeating keys, a KV cache (the queries
 are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed `position_ids`
 (padding-free batches, DataCollatorWithFlattening). It returns (B, L, H, Dv) as transformers
-expects, and no attention weights: `output_attentions=True` warns once, as transformers' own
-"sdpa" and FlashAttention do. A model whose mask has a part mha cannot turn into these settings
+expects, and with `output_attentions=True` the attention weights (B, Hq, L, S) as eager
+attention returns them (after dropout, without the sinks' column), computed by a second pass
+that builds them (O(L·S) memory) and carries no gradient. A model whose mask has a part mha cannot turn into these settings
 (Gemma 3's bidirectional image blocks, Llama 4's chunks, a custom mask function) is refused by
 the mask function with an error naming the model and the part; a 4-D mask the caller built is
 applied as it is.
@@ -124,15 +125,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       position_ids=None, **kwargs):
     """transformers' AttentionInterface function for "mha": query (B, Hq, L, D), key and value
     (B, Hkv, S, D/Dv) as the models send them, attention_mask from `attention_mask` above (or a
-    4-D mask the caller built) -> ((B, L, Hq, Dv), None). See the module's docstring."""
-    if kwargs.get("output_attentions", False):
-        _warn_once("attention weights are not computed (output_attentions=True returns None for them, as "
-                   "transformers' \"sdpa\" and FlashAttention do)")
+    4-D mask the caller built) -> (output (B, L, Hq, Dv), weights (B, Hq, L, S) when
+    output_attentions=True, else None). See the module's docstring."""
     reason = _mha_torch._unsupported(query, key, value, attention_mask)
     if reason is not None:
         raise _core.ArgumentError(f"attn_implementation=\"mha\": mha runs floating-point CPU tensors, got {reason}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask, cu_q, cu_k = None, None, None
+    mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal = attention_mask, False
         if mask.dtype != torch.bool and mask.dtype != query.dtype:  # an additive mask, in the model's dtype
@@ -142,7 +141,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             raise _core.ArgumentError(f"attention_mask: expected the (batch, keys) padding mask of mha's mask "
                                       f"function or a 4-D mask, got shape {tuple(attention_mask.shape)}")
         length = attention_mask.shape[1]
-        if length < key.shape[2]:  # a static cache: the slots past the mask are not written yet
+        if length < full:  # a static cache: the slots past the mask are not written yet
             key, value = key[:, :, :length], value[:, :, :length]
         mask = attention_mask[:, None, None, :]
         if mask.dtype != torch.bool:
@@ -156,9 +155,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if sliding_window is not None:  # FlashAttention's convention, as transformers passes it
         window = (int(sliding_window) - 1, int(sliding_window) - 1)
     sinks = s_aux.to(query.dtype) if s_aux is not None else None
-    output, _ = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
-                                      scaling, True, window, float(softcap or 0.0), sinks, None, cu_q, cu_k)
-    return output.transpose(1, 2).contiguous(), None
+    need_weights = bool(kwargs.get("output_attentions", False))
+    result = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
+                                   scaling, True, window, float(softcap or 0.0), sinks, None, cu_q, cu_k, need_weights)
+    output, weights = result[0], (result[2] if need_weights else None)
+    if need_weights:
+        if torch.is_grad_enabled() and query.requires_grad and not torch.compiler.is_compiling():
+            _warn_once("the attention weights output_attentions=True returns carry no gradient (the output does)")
+        if weights.shape[-1] < full:  # a static cache's slots not written yet: weight 0
+            weights = torch.nn.functional.pad(weights, (0, full - weights.shape[-1]))
+    return output.transpose(1, 2).contiguous(), weights
 
 
 def register():

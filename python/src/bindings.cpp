@@ -113,12 +113,14 @@ void sdpa_forward(const In<T>& query, const In<T>& key, const In<T>& value, cons
                   const Out<double>& logsumexp, const std::optional<In<bool>>& attend_mask,
                   const std::optional<In<T>>& additive_mask, const Scoring& scoring, int num_threads,
                   const std::optional<In<T>>& sinks, const std::optional<In<T>>& alibi_slopes,
-                  const std::optional<In<int64_t>>& cu_seqlens_q, const std::optional<In<int64_t>>& cu_seqlens_k) {
+                  const std::optional<In<int64_t>>& cu_seqlens_q, const std::optional<In<int64_t>>& cu_seqlens_k,
+                  const std::optional<Out<T>>& weights) {
   OpenMPThreads threads(num_threads);
-  mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp), {}};
-  mha::attention::sdpa_forward_into<T>(
-      view<const T>(query), view<const T>(key), view<const T>(value), out,
-      options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k}));
+  mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp),
+                                        weights ? view<T>(*weights) : mha::View<T>()};
+  auto opt = options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k});
+  opt.need_weights = weights.has_value();
+  mha::attention::sdpa_forward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value), out, opt);
 }
 
 template <class T>
@@ -339,8 +341,9 @@ void define_attention(nb::module_& m, const std::string& suffix) {
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "attend_mask"_a.noconvert().none(),
         "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, "sinks"_a.noconvert().none() = nb::none(),
         "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(), "cu_seqlens_k"_a.noconvert().none() = nb::none(),
-        nb::call_guard<nb::gil_scoped_release>(),
-        "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L).");
+        "weights"_a.noconvert().none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+        "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L), and the "
+        "probabilities into `weights` (B, Hq, L, S) when given.");
   m.def(("sdpa_backward" + suffix).c_str(), &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
         "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),

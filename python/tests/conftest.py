@@ -65,7 +65,7 @@ def assert_close_f64(ours, expected_f64, what, tolerance=1e-10):
 # The binding's parameters in order (python/src/bindings.cpp); mha calls it positionally.
 _BINDING_PARAMETERS = {
     "sdpa_forward": ("query", "key", "value", "output", "logsumexp", "attend_mask", "additive_mask", "scoring",
-                     "num_threads", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"),
+                     "num_threads", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "weights"),
     "sdpa_backward": ("query", "key", "value", "output", "logsumexp", "grad_output", "grad_query", "grad_key",
                       "grad_value", "attend_mask", "additive_mask", "scoring", "num_threads", "sinks", "alibi_slopes",
                       "cu_seqlens_q", "cu_seqlens_k", "grad_sinks"),

@@ -22,7 +22,7 @@ def run_golden(inputs, metadata, dtype):
     causal = metadata["causal"]
     window = (int(metadata.get("window_left", -1)), int(metadata.get("window_right", -1)))
     if causal == "bottom_right":  # not in SDPA's signature: mha.torch reaches it through CausalBias
-        out, lse = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2, window)
+        out, lse, _ = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2, window)
         grads = _core.backward(dout, q, k, v, out, lse, mask, 0.0, causal, scale, gqa, None, 2, window)
     else:
         out, lse = mha.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal == "top_left",

@@ -138,6 +138,12 @@ def test_opcheck(args):
     torch.library.opcheck(torch.ops.mha.sdpa_backward,
                           (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, mask, p,
                            causal, scale, gqa, seed))
+    # The weights of the same call (the same dropout): output = weights · value, by definition.
+    detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)  # it has no gradient
+    torch.library.opcheck(torch.ops.mha.sdpa_weights, detached)
+    weights = torch.ops.mha.sdpa_weights(*detached)
+    values = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3) if gqa else v
+    torch.testing.assert_close(out, weights @ values)
 
 
 def test_torch_compile_fullgraph_forward_and_backward():

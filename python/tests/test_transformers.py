@@ -115,6 +115,49 @@ def test_within_twice_transformers_own_error(family, dtype):
         assert our_error <= 2 * own_error, f"{family} {dtype} {padding}-padded"
 
 
+def attentions_of(model, ids, mask=None, position_ids=None):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_attentions=True)
+    return [a.double() for a in out.attentions]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_output_attentions_gives_the_eager_weights(family, dtype):
+    """output_attentions=True: each layer's (B, Hq, L, S) weights as eager attention returns them
+    (soft-capped, windowed, the sinks' share left out), on right- and left-padded batches: exactly
+    0 on the padded keys, and over the real queries and keys within twice the error of eager
+    attention in the same dtype on the same batch, against float64 (each sequence alone).
+
+    In float32 the rule is noisy: every error is below one float unit of the largest weight
+    (weights <= 1, unit 1.2e-7), i.e. a few roundings of elements in [0.25, 1), so one element's
+    luck decides the largest (measured over the batch per layer: mha <= 4.5e-8, eager <= 8.1e-8;
+    ModernBERT's first layer mha 2.98e-8 against eager 1.49e-8, a half unit of a weight above 0.5
+    against one below). Given the same float32 queries and keys mha's weights are the nearer to
+    their exact softmax (llama, modernbert, bert, gemma2, first layer: largest 1.6-4.3e-8 against
+    eager's 2.1-4.3e-8), so in float32 one unit of the largest weight is the floor."""
+    reference_model, own, ours = (build(family, "eager", torch.float64), build(family, "eager", dtype),
+                                  build(family, "mha", dtype))
+    floor = torch.finfo(torch.float32).eps if dtype == torch.float32 else 0.0
+    for padding in ("right", "left"):
+        ids, mask, position_ids, alone = batch(padding)
+        got, eager = attentions_of(ours, ids, mask, position_ids), attentions_of(own, ids, mask, position_ids)
+        reference = [attentions_of(reference_model, x) for x in alone]
+        real = mask.bool()
+        assert len(got) == len(eager) == reference_model.config.num_hidden_layers
+        for layer, (g, e) in enumerate(zip(got, eager)):
+            assert g.shape == e.shape == (3, e.shape[1], 12, 12)
+            our_error = own_error = 0.0
+            for row in range(3):
+                r = reference[row][layer][0]
+                ours_row, eager_row = g[row][:, real[row]], e[row][:, real[row]]
+                assert torch.all(ours_row[:, :, ~real[row]] == 0), f"{family} {padding} row {row}: padded keys"
+                our_error = max(our_error, (ours_row[:, :, real[row]] - r).abs().max().item())
+                own_error = max(own_error, (eager_row[:, :, real[row]] - r).abs().max().item())
+            assert our_error <= max(2 * own_error, floor), \
+                f"{family} {dtype} {padding} layer {layer}: {our_error:.3g} vs eager {own_error:.3g}"
+
+
 def greedy(model, ids, mask, tokens=32):
     return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False,
                           output_scores=True, return_dict_in_generate=True, pad_token_id=0)
@@ -153,6 +196,19 @@ def test_a_static_cache_gives_the_eager_tokens():
         input_ids=ids[1:], attention_mask=mask[1:], max_new_tokens=8, do_sample=False, pad_token_id=0,
         cache_implementation="static")
     assert torch.equal(run("mha"), run("eager"))
+    # With output_attentions, each step's weights span the whole cache as eager's do (0 on the
+    # slots not written yet), and over the real queries (eager gives a padded query uniform weights, mha 0) agree
+    # with eager's to two float units of a weight: each is within one of float64
+    # (test_output_attentions_gives_the_eager_weights).
+    steps = lambda implementation: build("llama", implementation, torch.float32).generate(
+        input_ids=ids[1:], attention_mask=mask[1:], max_new_tokens=3, do_sample=False, pad_token_id=0,
+        cache_implementation="static", output_attentions=True, return_dict_in_generate=True).attentions
+    real = mask[1:, None, :, None].bool()
+    for step, (ours, eager) in enumerate(zip(steps("mha"), steps("eager"))):
+        for a, b in zip(ours, eager):
+            assert a.shape == b.shape and torch.all(a[..., ids.shape[1] + step:] == 0)
+            rows = real if step == 0 else torch.ones_like(real[..., :1, :])
+            assert (a - b).masked_fill(~rows, 0).abs().max() <= 2 * torch.finfo(torch.float32).eps, step
 
 
 def train_step(model, **inputs):
@@ -210,6 +266,14 @@ def test_torch_compile_has_no_graph_break():
     with torch.no_grad():
         torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
                                    model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+    # With output_attentions transformers' own output capture breaks the graph once, under eager
+    # attention as well; the weights' operator adds no break and gives the uncompiled weights.
+    weights = lambda m: m(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    breaks = [torch._dynamo.explain(weights)(m).graph_break_count for m in (model, build("mistral", "eager", torch.float32))]
+    assert breaks[0] == breaks[1], breaks
+    with torch.no_grad():
+        for a, b in zip(torch.compile(weights, backend="eager")(model), weights(model)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_a_mask_mha_cannot_express_is_refused():
@@ -250,8 +314,12 @@ def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():
     additive = torch.zeros(2, 1, 6, 6, dtype=torch.float64).masked_fill(~mask, torch.finfo(torch.float64).min)
     out, _ = mha.transformers.attention_forward(module, q, k, v, additive, scaling=0.5)  # taken in q's dtype
     torch.testing.assert_close(out, expected.transpose(1, 2))
-    with pytest.warns(UserWarning, match="output_attentions"):
-        mha.transformers.attention_forward(module, q, k, v, None, output_attentions=True)
+    out, weights = mha.transformers.attention_forward(module, q, k, v, mask, scaling=0.5, output_attentions=True)
+    scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(weights, scores.softmax(-1))
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+    with pytest.warns(UserWarning, match="carry no gradient"):
+        mha.transformers.attention_forward(module, q.requires_grad_(), k, v, None, output_attentions=True)
     with pytest.raises(mha.ArgumentError, match=r"attention_mask: expected the \(batch, keys\) padding mask .* got "
                                                 r"shape \(2, 6, 6\)"):
         mha.transformers.attention_forward(module, q, k, v, torch.ones(2, 6, 6, dtype=torch.bool))

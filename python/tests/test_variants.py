@@ -241,8 +241,8 @@ def test_variant_goldens(case):
             kw["attn_mask"] = kw["attn_mask"] & np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
             causal = "none"
         packed = inputs_.get("cu_seqlens_q"), inputs_.get("cu_seqlens_k")
-        out, lse = _core.forward(q, k, v, kw["attn_mask"], 0.0, causal, None, True, None, 2, kw["window_size"],
-                                 kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
+        out, lse, _ = _core.forward(q, k, v, kw["attn_mask"], 0.0, causal, None, True, None, 2, kw["window_size"],
+                                    kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
         grads = _core.backward(dout, q, k, v, out, lse, kw["attn_mask"], 0.0, causal, None, True, None, 2,
                                kw["window_size"], kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
         ours = dict(zip(("output", "grad_query", "grad_key", "grad_value", "grad_sinks"), (out, *grads)))

@@ -84,8 +84,18 @@ def peak_child(family, implementation, tokens):
     return float(seconds), float(mib)
 
 
+def _no_attention(module, query, key, value, attention_mask, **kwargs):
+    """An attention function that only allocates its output: the model's own memory floor."""
+    return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
+
+
 def _child(family, implementation, tokens):
     torch.set_num_threads(THREADS)
+    if implementation == "none":
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+        AttentionInterface.register("none", _no_attention)
+        AttentionMaskInterface.register("none", mha.transformers.attention_mask)
     model = build(family, implementation)
     ids = torch.randint(0, 1000, (1, tokens), generator=torch.Generator().manual_seed(0))
     forward(model, ids[:, :64])
@@ -121,13 +131,16 @@ def main():
 
     # 1. Prefill, Mistral-shaped, 16 384 tokens: time and extra peak memory, each in its own process.
     tokens = 16384 // scale
-    runs = {impl: [peak_child("mistral", impl, tokens) for _ in range(2)] for impl in ("mha", "sdpa")}
+    # "none": the same model with an attention that only allocates its output, the floor of its
+    # peak memory (its own activations: the feed-forward's 16k × 2 048 tensors) for any attention.
+    runs = {impl: [peak_child("mistral", impl, tokens) for _ in range(2)] for impl in ("mha", "sdpa", "none")}
     t = {impl: min(r[0] for r in v) for impl, v in runs.items()}
     mem = {impl: min(r[1] for r in v) for impl, v in runs.items()}
     report["cases"]["prefill_mistral"] = {"shape": shape_of("mistral"), "tokens": tokens, "seconds": t, "extra_peak_mib": mem}
     print(f"prefill, Mistral-shaped {shape_of('mistral')}, {tokens} tokens: mha {t['mha']:.2f} s, sdpa {t['sdpa']:.2f} s "
           f"(x{t['sdpa'] / t['mha']:.2f}); extra peak memory mha {mem['mha']:.0f} MiB, sdpa {mem['sdpa']:.0f} MiB "
-          f"({mem['mha'] / max(mem['sdpa'], 1e-9):.2f} of it)", flush=True)
+          f"({mem['mha'] / max(mem['sdpa'], 1e-9):.2f} of it); with no attention at all {mem['none']:.0f} MiB, so the "
+          f"attention adds mha {mem['mha'] - mem['none']:.0f} MiB, sdpa {mem['sdpa'] - mem['none']:.0f} MiB", flush=True)
 
     # 2. gpt-oss- and Gemma-2-shaped at 4 096 tokens against eager.
     tokens = 4096 // scale

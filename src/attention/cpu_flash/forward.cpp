@@ -195,18 +195,22 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
     }
   }
 
-  // 3. The weights, only when asked: P = exp((s − m) − log l) ∘ dropout, block by block, from
-  // m and l themselves rather than their sum logsumexp, whose double may have lost log l
-  // (blocks.h). A row that saw nothing gets the kernels' mark for P = 0 and a NaN row NaN
-  // (its m may be +inf, which is that mark), as split_logsumexp gives them.
+  // 3. The weights, only when asked: P = exp(s − m) ∘ dropout · (1 / l), block by block, from m
+  // and l themselves, the product in double rounded to float (as softmax divides by the sum: a
+  // float exp(s − m − log l) would add log l's rounding; a half type's weights are the float
+  // ones rounded once more, as every output of the half calls). A row that saw nothing gets the
+  // kernels' mark for P = 0 and a NaN row NaN (its m may be +inf, which is that mark), as
+  // split_logsumexp gives them.
   if (!a.weights.present()) return;
   for (size_t r = 0; r < rows; ++r) {
     const double lse = *a.logsumexp.row(b, h, i0 + static_cast<int64_t>(r));
     if (std::isnan(lse) || s.row_sum[r] == 0.0) {
       split_logsumexp(lse, s.lse_hi[r], s.lse_lo[r]);
+      s.row_sum[r] = 1.0;  // from here on: the factor of the row's weights
     } else {
       s.lse_hi[r] = s.row_max[r];
-      s.lse_lo[r] = static_cast<float>(std::log(s.row_sum[r]));
+      s.lse_lo[r] = 0.0f;
+      s.row_sum[r] = 1.0 / s.row_sum[r];
     }
   }
   for_each_key_block([&](int64_t j0, size_t cols) {
@@ -214,7 +218,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
     probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), nullptr, nullptr, nullptr);
     for (size_t r = 0; r < rows; ++r) {
       T* weights = a.weights.row(b, h, i0 + static_cast<int64_t>(r)) + j0;
-      for (size_t c = 0; c < cols; ++c) weights[c] = narrow<T>(s.scores[r * Bc + c]);
+      for (size_t c = 0; c < cols; ++c) weights[c] = narrow<T>(static_cast<float>(s.scores[r * Bc + c] * s.row_sum[r]));
     }
   });
 }
