@@ -8,7 +8,7 @@ with autograd and torch.compile.
         model(x)
 
 The forward and backward are operators registered with torch.library.custom_op
-(torch.ops.mha.sdpa_forward / sdpa_backward, torch.ops.mha.multihead_attention_forward /
+(torch.ops.mha.sdpa_forward / sdpa_backward / sdpa_weights, torch.ops.mha.multihead_attention_forward /
 multihead_attention_backward), each with a fake (shape-only) kernel and the forwards with an
 autograd formula, so autograd works and torch.compile(fullgraph=True)
 keeps them in one graph. They run mha's C++ kernels on the tensors' own memory: a CPU tensor is

@@ -175,13 +175,13 @@ def main():
 
     # 4. Generation: 256 greedy tokens after a 4 096-token prompt.
     new = 256 // scale
-    rates = {}
-    for impl in ("mha", "sdpa"):
-        model = build("llama", impl, causal_lm=True)
+    models = {impl: build("llama", impl, causal_lm=True) for impl in ("mha", "sdpa")}
+    for model in models.values():
         model.generate(ids[:, :64], max_new_tokens=4, do_sample=False, pad_token_id=0)
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        rates[impl] = new / (time.perf_counter() - start)
+    seconds = interleaved({impl: (lambda m=model: m.generate(ids, max_new_tokens=new, min_new_tokens=new,
+                                                             do_sample=False, pad_token_id=0), 1)
+                           for impl, model in models.items()}, 3)
+    rates = {impl: new / s for impl, s in seconds.items()}
     report["cases"]["generate_llama"] = {"shape": shape_of("llama"), "prompt": tokens, "new_tokens": new,
                                          "tokens_per_s": rates}
     print(f"generation, Llama-shaped, {new} tokens after {tokens}: mha {rates['mha']:.1f} tokens/s, sdpa "
