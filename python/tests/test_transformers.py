@@ -52,6 +52,22 @@ ENCODERS = {
 FAMILIES = {**DECODERS, **ENCODERS}
 
 
+@pytest.fixture(autouse=True)
+def float64_softmax(monkeypatch):
+    """The float64 references in float64 throughout: transformers' eager attention asks softmax
+    for float32 (`softmax(scores, dtype=torch.float32).to(query.dtype)`, Llama, Mistral, Qwen 3,
+    Gemma 2/3, ModernBERT, ...), which in a float64 model would round every weight to float32 —
+    an error of the same size as the float32 paths' own, shared with eager float32. A float64
+    input keeps float64 here; every other call is PyTorch's as it is."""
+    softmax = torch.nn.functional.softmax
+
+    def exact(input, dim=None, _stacklevel=3, dtype=None):
+        if input.dtype == torch.float64 and dtype == torch.float32:
+            dtype = torch.float64
+        return softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+    monkeypatch.setattr(torch.nn.functional, "softmax", exact)
+
+
 def build(family, attn_implementation, dtype):
     cls, config, _ = FAMILIES[family]
     torch.manual_seed(0)
@@ -72,10 +88,10 @@ def output_of(family, model, ids, mask=None, position_ids=None):
     return (out.logits if family in DECODERS else out.last_hidden_state).double()
 
 
-def batch(padding, lengths=(12, 7, 9)):
+def batch(padding, lengths=(12, 7, 9), seed=1):
     """Three sequences of `lengths` tokens (at most 12), padded on the right or the left: ids,
     mask, the position ids each sequence has alone, and each sequence's tokens."""
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 97, (3, 12), generator=gen)
     mask = torch.zeros(3, 12, dtype=torch.long)
     for row, n in enumerate(lengths):
@@ -226,33 +242,46 @@ def test_training_step_and_a_packed_batch(family):
     padded batch, parameter by parameter, against float64 on it. (2 and 3 padding tokens, fewer
     than the window's 5 keys: a padded query whose window holds only padding would put NaN in
     transformers' own padded batch, and the next layer's values would carry it into every row.)
-    Two rules are noisy on tiny tensors and get a floor, with the evidence: the loss is one
-    scalar that either float32 path hits to the last bit or misses by one unit by chance
-    (measured on 12, 7 and 9 tokens: transformers 0, mha 4.8e-7, one unit in the last place of
-    4.6), so its bound adds that unit; and gpt-oss's four sink gradients per layer are each a sum
-    over every row of −exp(sink − lse)·(dO·O) whose terms cancel, which mha adds in double from
-    its float32 O and dO (attention.cpp, sink_gradients): what is left is their rounding, luck of
-    the cancellation (measured, layer 1, |g| ≤ 5.1e-4, in units in the last place of the largest:
-    mha 21 packed and 8.7 padded, transformers 9.2), so a tensor of at most 16 elements may also be
-    within 32 such units."""
+
+    A gradient's largest error over a tensor of 64 elements (the norms' weights) is noisy: the
+    worst parameter's ratio (mha / transformers) over six batches ran 1.27-2.14 for Gemma 2 and
+    1.23-1.47 for Llama, a different parameter each time, while the median over the parameters
+    stayed 0.89-1.19. So each parameter's error, both paths', is the largest over four batches.
+    Two rules get a floor, with the evidence: the loss is one scalar that either float32 path
+    hits to the last bit or misses by one unit by chance (transformers 0, mha 4.8e-7, one unit in
+    the last place of 4.6), so its bound adds that unit; and gpt-oss's four sink gradients per
+    layer are each a sum over every row of −exp(sink − lse)·(dO·O) whose terms cancel, which mha
+    adds in double from its float32 O and dO (attention.cpp, sink_gradients): what is left is
+    their rounding, luck of the cancellation (measured, layer 1, |g| ≤ 5.1e-4, in units in the
+    last place of the largest: mha 21 packed and 8.7 padded, transformers 9.2), so a tensor of at
+    most 16 elements may also be within 32 such units."""
     from transformers import DataCollatorWithFlattening
-    ids, mask, _, alone = batch("right", lengths=(12, 10, 9))
-    padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
-    features = [{"input_ids": x[0].tolist()} for x in alone]
-    packed = dict(DataCollatorWithFlattening()(features))  # the sequences from position_ids
-    with_offsets = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features))  # cu_seq_lens_q/k
-    ref_loss, ref = train_step(build(family, "eager", torch.float64), **padded)
-    own_loss, own = train_step(build(family, FAMILIES[family][2], torch.float32), **padded)
+    reference, own_model, ours_model = (build(family, "eager", torch.float64),
+                                        build(family, FAMILIES[family][2], torch.float32),
+                                        build(family, "mha", torch.float32))
     eps = torch.finfo(torch.float32).eps
-    for name, inputs in (("padded", padded), ("packed", packed), ("packed with offsets", with_offsets)):
-        loss, grads = train_step(build(family, "mha", torch.float32), **inputs)
-        assert abs(loss - ref_loss) <= 2 * abs(own_loss - ref_loss) + eps * abs(ref_loss), f"{family} {name}: loss"
-        for p in ref:
-            ours_error = (grads[p] - ref[p]).abs().max().item()
-            own_error = (own[p] - ref[p]).abs().max().item()
-            floor = 32 * eps * ref[p].abs().max().item() if ref[p].numel() <= 16 else 0.0
-            assert ours_error <= max(2 * own_error, floor), \
-                f"{family} {name}: gradient of {p}: {ours_error:.3g} vs {own_error:.3g}"
+    worst = {}  # (inputs, parameter) -> [mha's largest error, transformers' largest error, largest |gradient|]
+    for seed in range(1, 5):
+        ids, mask, _, alone = batch("right", lengths=(12, 10, 9), seed=seed)
+        padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+        features = [{"input_ids": x[0].tolist()} for x in alone]
+        packed = dict(DataCollatorWithFlattening()(features))  # the sequences from position_ids
+        with_offsets = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features))  # cu_seq_lens_q/k
+        ref_loss, ref = train_step(reference, **padded)
+        own_loss, own = train_step(own_model, **padded)
+        for name, inputs in (("padded", padded), ("packed", packed), ("packed with offsets", with_offsets)):
+            loss, grads = train_step(ours_model, **inputs)
+            assert abs(loss - ref_loss) <= 2 * abs(own_loss - ref_loss) + eps * abs(ref_loss), \
+                f"{family} {name} batch {seed}: loss"
+            for p in ref:
+                w = worst.setdefault((name, p), [0.0, 0.0, 0.0])
+                w[0] = max(w[0], (grads[p] - ref[p]).abs().max().item())
+                w[1] = max(w[1], (own[p] - ref[p]).abs().max().item())
+                w[2] = max(w[2], ref[p].abs().max().item())
+    for (name, p), (ours_error, own_error, largest) in worst.items():
+        floor = 32 * eps * largest if reference.get_parameter(p).numel() <= 16 else 0.0
+        assert ours_error <= max(2 * own_error, floor), \
+            f"{family} {name}: gradient of {p}: {ours_error:.3g} vs {own_error:.3g}"
 
 
 def test_torch_compile_has_no_graph_break():
