@@ -55,19 +55,17 @@ _AND = {"and_masks.<locals>.and_mask", "remap_positions_for_packed_sequence.<loc
 
 
 def _parts(function):
-    """The mask functions `function` is built from that mha does not express (names), if any."""
+    """The names of the mask functions `function` is built from (the parts of its and_masks)."""
     name = getattr(function, "__qualname__", type(function).__name__)
-    if name in _EXPRESSED:
-        return []
-    if name in _AND:
-        inner = []
-        for cell in function.__closure__ or ():
-            value = cell.cell_contents
-            for part in value if isinstance(value, tuple) else (value,):
-                if callable(part) and not isinstance(part, torch.Tensor):
-                    inner += _parts(part)
-        return inner
-    return [name]
+    if name not in _AND:
+        return [name]
+    inner = []
+    for cell in function.__closure__ or ():
+        value = cell.cell_contents
+        for part in value if isinstance(value, tuple) else (value,):
+            if callable(part) and not isinstance(part, torch.Tensor):
+                inner += _parts(part)
+    return inner
 
 
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -76,7 +74,8 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     bool, True for a real token, its last kv_length columns (a sliding-window cache holds the
     last keys), or None when nothing is padded. Raises mha.ArgumentError for a mask with a part
     the attention call cannot express (the model and the part named)."""
-    unexpressed = _parts(mask_function) if mask_function is not None else []
+    parts = _parts(mask_function) if mask_function is not None else []
+    unexpressed = [name for name in parts if name not in _EXPRESSED]
     if unexpressed:
         config = kwargs.get("config")
         model = getattr(config, "model_type", None) or "this model"
@@ -85,6 +84,13 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
     if attention_mask is None:
+        # A causal layer whose cache has slots past the last query (a static cache not yet full):
+        # the keys that exist, as a mask of ones, so that the attention call cuts the rest (its
+        # causality is aligned on the last key it is given).
+        if kv_length > q_length and "causal_mask_function" in parts:
+            written = int(q_offset) + q_length - int(kv_offset)
+            if written < kv_length:
+                return torch.ones(batch_size, written, dtype=torch.bool)
         return None
     mask = attention_mask[:, -kv_length:]
     if mask.dtype != torch.bool:
@@ -96,6 +102,14 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
         return None
     return mask
 
+
+# Arguments some models send that change which keys a query sees, or what joins its softmax, in a
+# way mha has no setting for: refused rather than ignored.
+_REFUSED = {
+    "indices": "the keys each query attends to, chosen by a sparse indexer",
+    "block_indices": "block-sparse attention",
+    "sinks": "attention sinks per query token",
+}
 
 _warned = set()
 
@@ -130,6 +144,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     reason = _mha_torch._unsupported(query, key, value, attention_mask)
     if reason is not None:
         raise _core.ArgumentError(f"attn_implementation=\"mha\": mha runs floating-point CPU tensors, got {reason}")
+    for name, what in _REFUSED.items():
+        if kwargs.get(name) is not None:
+            model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
+            raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
+                                      f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
@@ -151,6 +170,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     elif position_ids is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
         cu_q = _packed_offsets(position_ids, query.shape[2])
         cu_k = cu_q
+    bias = kwargs.get("position_bias")
+    if bias is not None:  # T5's relative-position bias: added to the scores, as a float mask
+        if torch.is_grad_enabled() and bias.requires_grad:
+            raise _core.ArgumentError("position_bias: mha computes no gradient for an additive bias, and this one "
+                                      "requires one (a learned relative-position bias in training); use "
+                                      "attn_implementation=\"sdpa\" or \"eager\" to train, or run under torch.no_grad()")
+        bias = bias[..., :key.shape[2]].to(query.dtype)
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = bias.masked_fill(~mask, float("-inf"))
+        else:
+            mask = bias + mask
     window = (-1, -1)
     if sliding_window is not None:  # FlashAttention's convention, as transformers passes it
         window = (int(sliding_window) - 1, int(sliding_window) - 1)
