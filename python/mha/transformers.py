@@ -18,13 +18,15 @@ What the attention function takes, as transformers' models send it (docs/transfo
 when not causal, as ModernBERT's local layers), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks,
 with their gradient), grouped-query attention without repeating keys, a KV cache (the queries
 are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed `position_ids`
-(padding-free batches, DataCollatorWithFlattening). It returns (B, L, H, Dv) as transformers
-expects, and with `output_attentions=True` the attention weights (B, Hq, L, S) as eager
-attention returns them (after dropout, without the sinks' column), computed by a second pass
-that builds them (O(L·S) memory) and carries no gradient. A model whose mask has a part mha cannot turn into these settings
-(Gemma 3's bidirectional image blocks, Llama 4's chunks, a custom mask function) is refused by
-the mask function with an error naming the model and the part; a 4-D mask the caller built is
-applied as it is.
+(padding-free batches, DataCollatorWithFlattening), T5's `position_bias` (added as a float
+mask). It returns (B, L, H, Dv) as transformers expects, and with `output_attentions=True` the
+attention weights (B, Hq, L, S) as eager attention returns them (after dropout, without the
+sinks' column), computed by a second pass that builds them (O(L·S) memory) and carries no
+gradient. A model whose mask has a part mha cannot turn into these settings (Gemma 3's
+bidirectional image blocks, Llama 4's chunks, a custom mask function) is refused by the mask
+function with an error naming the model and the part, and arguments mha has no setting for
+(a sparse indexer's `indices`, `block_indices`, per-token `sinks`, a `position_bias` that needs a
+gradient) by the attention function; a 4-D mask the caller built is applied as it is.
 """
 
 import warnings
