@@ -21,8 +21,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: E40
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 
 T = transformers
-LAYERS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2)
+SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+LAYERS = dict(SMALL, num_key_value_heads=2)
 TWO_KINDS = ["sliding_attention", "full_attention"]
 
 # family: (model class, config, transformers' own path). Windows of 5 keys, so that 12 tokens
@@ -137,7 +137,6 @@ def test_within_twice_transformers_own_error(family, dtype):
 # bias) and Whisper encoder-decoders (cross-attention with the encoder's padding); ViT and CLIP's
 # text tower. Windows of 8 keys: with 5 padding tokens a padded query still sees a real key (else
 # eager's float32 batch has NaN). Each is built from a small config with random weights.
-SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 SEQ2SEQ = dict(vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128)
 MORE = {
