@@ -30,6 +30,7 @@ gradient) by the attention function; a 4-D mask the caller built is applied as i
 """
 
 import warnings
+import weakref
 
 import torch
 
@@ -70,12 +71,37 @@ def _parts(function):
     return inner
 
 
+# What the mask function knows about each mask it returned, by the mask's identity (checked
+# through a weak reference, and dropped with the mask): (causal, padded). The attention function
+# takes the causality from here rather than from the module, whose is_causal some models that
+# only ever ran eager attention leave wrong (False on a decoder's self-attention: NLLB-MoE,
+# PEGASUS-X) or unset (Splinter), since their eager path reads the dense mask alone.
+_known = {}
+
+
+def _remember(mask, causal, padded):
+    key = id(mask)
+    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), causal, padded)
+    return mask
+
+
+def _known_mask(mask):
+    """(causal, padded) of a mask the mask function returned, or None."""
+    entry = _known.get(id(mask)) if mask is not None else None
+    return entry[1:] if entry is not None and entry[0]() is mask else None
+
+
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask=None, **kwargs):
     """transformers' AttentionMaskInterface function for "mha": the 2-D padding mask (batch, keys),
     bool, True for a real token, its last kv_length columns (a sliding-window cache holds the
-    last keys), or None when nothing is padded. Raises mha.ArgumentError for a mask with a part
-    the attention call cannot express (the model and the part named)."""
+    last keys); all True when nothing is padded; shorter than kv_length when a causal layer's
+    cache has slots past the last query (a static cache not yet full: the keys written, so that
+    the attention call cuts the rest, its causality being aligned on the last key it is given).
+    Each mask is remembered with its causality for the attention function. Under torch.compile
+    it returns the padding mask as it is, or None without one (looking at values or identities
+    would break the graph). Raises mha.ArgumentError for a mask with a part the attention call
+    cannot express (the model and the part named)."""
     parts = _parts(mask_function) if mask_function is not None else []
     unexpressed = [name for name in parts if name not in _EXPRESSED]
     if unexpressed:
@@ -85,24 +111,20 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
+    causal = "causal_mask_function" in parts
     if attention_mask is None:
-        # A causal layer whose cache has slots past the last query (a static cache not yet full):
-        # the keys that exist, as a mask of ones, so that the attention call cuts the rest (its
-        # causality is aligned on the last key it is given).
-        if kv_length > q_length and "causal_mask_function" in parts:
-            written = int(q_offset) + q_length - int(kv_offset)
-            if written < kv_length:
-                return torch.ones(batch_size, written, dtype=torch.bool)
-        return None
+        written = kv_length
+        if causal and kv_length > q_length:
+            written = min(kv_length, int(q_offset) + q_length - int(kv_offset))
+        if torch.compiler.is_compiling():
+            return None if written == kv_length else torch.ones(batch_size, written, dtype=torch.bool)
+        return _remember(torch.ones(batch_size, written, dtype=torch.bool), causal, padded=False)
     mask = attention_mask[:, -kv_length:]
     if mask.dtype != torch.bool:
         mask = mask.bool()
-    # As transformers' FlashAttention mask: nothing to pass when nothing is padded (A mask shorter
-    # than the keys is a static cache's: the keys past it are slots not written yet.) Under
-    # torch.compile the mask goes as it is: looking at its values would break the graph.
-    if mask.shape[1] == kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
-        return None
-    return mask
+    if torch.compiler.is_compiling():
+        return mask
+    return _remember(mask, causal, padded=not bool(mask.all()))
 
 
 # Arguments some models send that change which keys a query sees, or what joins its softmax, in a
@@ -151,7 +173,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    known = _known_mask(attention_mask)  # (causal, padded) when the mask function made it
+    if is_causal is not None:
+        causal = is_causal
+    else:
+        causal = known[0] if known is not None else getattr(module, "is_causal", True)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal = attention_mask, False
@@ -164,12 +190,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         length = attention_mask.shape[1]
         if length < full:  # a static cache: the slots past the mask are not written yet
             key, value = key[:, :, :length], value[:, :, :length]
-        mask = attention_mask[:, None, None, :]
-        if mask.dtype != torch.bool:
-            mask = mask.bool()
-    elif cu_seq_lens_q is not None and cu_seq_lens_k is not None:
+        if known is None or known[1]:  # padding to apply (a mask of ones costs a pass for nothing)
+            mask = attention_mask[:, None, None, :]
+            if mask.dtype != torch.bool:
+                mask = mask.bool()
+    if mask is None and cu_seq_lens_q is not None and cu_seq_lens_k is not None:
         cu_q, cu_k = cu_seq_lens_q.to(torch.int64), cu_seq_lens_k.to(torch.int64)
-    elif position_ids is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
+    elif mask is None and position_ids is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
         cu_q = _packed_offsets(position_ids, query.shape[2])
         cu_k = cu_q
     bias = kwargs.get("position_bias")

@@ -133,9 +133,11 @@ def test_within_twice_transformers_own_error(family, dtype):
 
 # More families, float32 only, on a right-padded batch, against float64 eager (the same rule): the
 # attention of a GPT-2, a GPT-NeoX, Phi, Mixtral (window), Starcoder2 (window), OPT, Gemma, Cohere
-# and Qwen2-MoE decoder; RoBERTa, DistilBERT and ELECTRA encoders; BART, T5 (its relative-position
-# bias) and Whisper encoder-decoders (cross-attention with the encoder's padding); ViT and CLIP's
-# text tower. Windows of 8 keys: with 5 padding tokens a padded query still sees a real key (else
+# and Qwen2-MoE decoder; RoBERTa, DistilBERT, ELECTRA and Splinter encoders; BART, T5 (its
+# relative-position bias), NLLB-MoE, PEGASUS-X and Whisper encoder-decoders (cross-attention with
+# the encoder's padding); ViT and CLIP's text tower. Splinter, NLLB-MoE and PEGASUS-X run only
+# eager in transformers, and their modules' is_causal is unset or wrong (False on the decoder's
+# self-attention): the causality comes from the mask function. Windows of 8 keys: with 5 padding tokens a padded query still sees a real key (else
 # eager's float32 batch has NaN). Each is built from a small config with random weights.
 SEQ2SEQ = dict(vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128)
@@ -154,7 +156,11 @@ MORE = {
     "qwen2_moe": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**SMALL, num_key_value_heads=2, num_experts=4,
                                                                 moe_intermediate_size=32,
                                                                 shared_expert_intermediate_size=32)),
+    "nllb_moe": lambda: T.NllbMoeForConditionalGeneration(T.NllbMoeConfig(**SEQ2SEQ, num_experts=4)),
+    "pegasus_x": lambda: T.PegasusXForConditionalGeneration(T.PegasusXConfig(**SEQ2SEQ, block_size=4,
+                                                                             num_global_tokens=2)),
     "roberta": lambda: T.RobertaModel(T.RobertaConfig(**SMALL)),
+    "splinter": lambda: T.SplinterModel(T.SplinterConfig(**SMALL)),
     "distilbert": lambda: T.DistilBertModel(T.DistilBertConfig(vocab_size=97, dim=64, hidden_dim=128, n_layers=2,
                                                                 n_heads=4)),
     "electra": lambda: T.ElectraModel(T.ElectraConfig(**SMALL)),
@@ -169,6 +175,9 @@ MORE = {
     "clip_text": lambda: T.CLIPTextModel(T.CLIPTextConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
                                                           num_hidden_layers=2, num_attention_heads=4)),
 }
+
+
+SEQ2SEQ_FAMILIES = ("bart", "nllb_moe", "pegasus_x", "t5")
 
 
 def run_more(family, implementation, dtype):
@@ -188,12 +197,12 @@ def run_more(family, implementation, dtype):
             return out.last_hidden_state.double().flatten(0, 1)
         if family == "whisper":
             out = model(input_features=torch.randn(3, 8, 32, generator=gen).to(dtype), **decoder)
-        elif family in ("bart", "t5"):
+        elif family in SEQ2SEQ_FAMILIES:
             out = model(input_ids=ids, attention_mask=mask, **decoder)
         else:
             out = model(input_ids=ids, attention_mask=mask)
     result = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-    real = (decoder["decoder_attention_mask"] if family in ("bart", "t5", "whisper") else mask).bool()
+    real = (decoder["decoder_attention_mask"] if family in SEQ2SEQ_FAMILIES + ("whisper",) else mask).bool()
     return result.double()[real]
 
 
@@ -403,16 +412,22 @@ def test_a_mask_mha_cannot_express_is_refused():
         with pytest.raises(mha.ArgumentError, match=f"gemma3_text's attention mask .*{part}"):
             mha.transformers.attention_mask(1, 4, 4, mask_function=function, config=config)
     padding = torch.tensor([[1, 1, 0, 0]])
-    for function in (M.causal_mask_function, M.sliding_window_causal_mask_function(3),
-                     M.sliding_window_bidirectional_mask_function(2), M.bidirectional_mask_function,
-                     M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool()))):
-        assert mha.transformers.attention_mask(1, 4, 4, mask_function=function) is None
-        assert torch.equal(mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding),
-                           padding.bool())
-    # The last keys of a longer mask (a sliding-window cache), and nothing when none is padded.
+    for function, causal in ((M.causal_mask_function, True), (M.sliding_window_causal_mask_function(3), True),
+                             (M.sliding_window_bidirectional_mask_function(2), False),
+                             (M.bidirectional_mask_function, False),
+                             (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True)):
+        ones = mha.transformers.attention_mask(1, 4, 4, mask_function=function)
+        assert torch.equal(ones, torch.ones(1, 4, dtype=torch.bool))
+        assert mha.transformers._known_mask(ones) == (causal, False)
+        given = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding)
+        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == (causal, True)
+    # The last keys of a longer mask (a sliding-window cache); its ones when none of them is padded.
     assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
                        torch.tensor([[True, False]]))
-    assert mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]])) is None
+    last = mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]]))
+    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last)[1] is False
+    # A mask the mask function did not make is not known (a copy, or one whose memory was reused).
+    assert mha.transformers._known_mask(last.clone()) is None
 
 
 def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():
