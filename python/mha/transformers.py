@@ -58,10 +58,10 @@ _AND = {"and_masks.<locals>.and_mask", "remap_positions_for_packed_sequence.<loc
 
 
 def _parts(function):
-    """The names of the mask functions `function` is built from (the parts of its and_masks)."""
+    """The mask functions `function` is built from (the parts of its and_masks): (name, function)."""
     name = getattr(function, "__qualname__", type(function).__name__)
     if name not in _AND:
-        return [name]
+        return [(name, function)]
     inner = []
     for cell in function.__closure__ or ():
         value = cell.cell_contents
@@ -71,22 +71,43 @@ def _parts(function):
     return inner
 
 
+# Models whose own code reads the mask the mask function returns as the dense (batch, 1, queries,
+# keys) mask, found by running every transformers 5.24 model type built from its config.
+_READ_DENSE = {
+    "bigbird_pegasus": "its decoder adds the mask to its scores",
+    "doge": "its dynamic mask is built from it",
+}
+
 # What the mask function knows about each mask it returned, by the mask's identity (checked
-# through a weak reference, and dropped with the mask): (causal, padded). The attention function
-# takes the causality from here rather than from the module, whose is_causal some models that
-# only ever ran eager attention leave wrong (False on a decoder's self-attention: NLLB-MoE,
-# PEGASUS-X) or unset (Splinter), since their eager path reads the dense mask alone.
+# through a weak reference, and dropped with the mask): (causal, window, padded). The attention
+# function takes the causality and the window from here rather than from the module and its
+# arguments, which the eager path never reads and some models leave wrong: is_causal False on a
+# decoder's self-attention (NLLB-MoE, PEGASUS-X) or unset (Splinter); sliding_window = W where the
+# mask is |i − j| <= W (T5Gemma's encoder; ModernBERT passes W + 1, FlashAttention's convention).
 _known = {}
 
 
-def _remember(mask, causal, padded):
+def _window(parts):
+    """(left, right) of the mask's sliding window, mha's convention, or None: a causal overlay of W
+    keys (j > i − W) is (W − 1, W − 1), the causality bounding the right; a bidirectional one
+    (|i − j| <= W) is (W, W)."""
+    for name, function in parts.items():
+        if name in ("sliding_window_overlay.<locals>.inner_mask",
+                    "sliding_window_bidirectional_overlay.<locals>.inner_mask"):
+            width = function.__closure__[function.__code__.co_freevars.index("sliding_window")].cell_contents
+            side = int(width) - 1 if name.startswith("sliding_window_overlay") else int(width)
+            return side, side
+    return None
+
+
+def _remember(mask, causal, window, padded):
     key = id(mask)
-    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), causal, padded)
+    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), causal, window, padded)
     return mask
 
 
 def _known_mask(mask):
-    """(causal, padded) of a mask the mask function returned, or None."""
+    """(causal, window, padded) of a mask the mask function returned, or None."""
     entry = _known.get(id(mask)) if mask is not None else None
     return entry[1:] if entry is not None and entry[0]() is mask else None
 
@@ -102,29 +123,33 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     it returns the padding mask as it is, or None without one (looking at values or identities
     would break the graph). Raises mha.ArgumentError for a mask with a part the attention call
     cannot express (the model and the part named)."""
-    parts = _parts(mask_function) if mask_function is not None else []
+    parts = dict(_parts(mask_function)) if mask_function is not None else {}
     unexpressed = [name for name in parts if name not in _EXPRESSED]
+    model = getattr(kwargs.get("config"), "model_type", None) or "this model"
+    if model in _READ_DENSE:
+        raise _core.ArgumentError(
+            f"attn_implementation=\"mha\": {model}'s layers read the dense attention mask themselves "
+            f"({_READ_DENSE[model]}); use attn_implementation=\"eager\" for this model")
     if unexpressed:
-        config = kwargs.get("config")
-        model = getattr(config, "model_type", None) or "this model"
         raise _core.ArgumentError(
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
     causal = "causal_mask_function" in parts
+    window = _window(parts)
     if attention_mask is None:
         written = kv_length
         if causal and kv_length > q_length:
             written = min(kv_length, int(q_offset) + q_length - int(kv_offset))
         if torch.compiler.is_compiling():
             return None if written == kv_length else torch.ones(batch_size, written, dtype=torch.bool)
-        return _remember(torch.ones(batch_size, written, dtype=torch.bool), causal, padded=False)
+        return _remember(torch.ones(batch_size, written, dtype=torch.bool), causal, window, padded=False)
     mask = attention_mask[:, -kv_length:]
     if mask.dtype != torch.bool:
         mask = mask.bool()
     if torch.compiler.is_compiling():
         return mask
-    return _remember(mask, causal, padded=not bool(mask.all()))
+    return _remember(mask, causal, window, padded=not bool(mask.all()))
 
 
 # Arguments some models send that change which keys a query sees, or what joins its softmax, in a
@@ -173,7 +198,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    known = _known_mask(attention_mask)  # (causal, padded) when the mask function made it
+    known = _known_mask(attention_mask)  # (causal, window, padded) when the mask function made it
     if is_causal is not None:
         causal = is_causal
     else:
@@ -190,7 +215,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         length = attention_mask.shape[1]
         if length < full:  # a static cache: the slots past the mask are not written yet
             key, value = key[:, :, :length], value[:, :, :length]
-        if known is None or known[1]:  # padding to apply (a mask of ones costs a pass for nothing)
+        if known is None or known[2]:  # padding to apply (a mask of ones costs a pass for nothing)
             mask = attention_mask[:, None, None, :]
             if mask.dtype != torch.bool:
                 mask = mask.bool()
@@ -213,7 +238,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         else:
             mask = bias + mask
     window = (-1, -1)
-    if sliding_window is not None:  # FlashAttention's convention, as transformers passes it
+    if known is not None:  # the window of the mask the mask function made
+        window = known[1] or window
+    elif sliding_window is not None:  # FlashAttention's convention, as transformers passes it
         window = (int(sliding_window) - 1, int(sliding_window) - 1)
     sinks = s_aux.to(query.dtype) if s_aux is not None else None
     need_weights = bool(kwargs.get("output_attentions", False))

@@ -135,9 +135,11 @@ def test_within_twice_transformers_own_error(family, dtype):
 # attention of a GPT-2, a GPT-NeoX, Phi, Mixtral (window), Starcoder2 (window), OPT, Gemma, Cohere
 # and Qwen2-MoE decoder; RoBERTa, DistilBERT, ELECTRA and Splinter encoders; BART, T5 (its
 # relative-position bias), NLLB-MoE, PEGASUS-X and Whisper encoder-decoders (cross-attention with
-# the encoder's padding); ViT and CLIP's text tower. Splinter, NLLB-MoE and PEGASUS-X run only
-# eager in transformers, and their modules' is_causal is unset or wrong (False on the decoder's
-# self-attention): the causality comes from the mask function. Windows of 8 keys: with 5 padding tokens a padded query still sees a real key (else
+# the encoder's padding), T5Gemma (soft-cap, and bidirectional windows in the encoder); ViT and
+# CLIP's text tower. Splinter, NLLB-MoE and PEGASUS-X run only eager in transformers, and their
+# modules' is_causal is unset or wrong (False on the decoder's self-attention); T5Gemma's encoder
+# passes sliding_window = W for the mask |i − j| <= W: the causality and the window come from the
+# mask function. Windows of 8 keys: with 5 padding tokens a padded query still sees a real key (else
 # eager's float32 batch has NaN). Each is built from a small config with random weights.
 SEQ2SEQ = dict(vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128)
@@ -165,6 +167,10 @@ MORE = {
                                                                 n_heads=4)),
     "electra": lambda: T.ElectraModel(T.ElectraConfig(**SMALL)),
     "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(**SEQ2SEQ)),
+    "t5gemma": lambda: T.T5GemmaForConditionalGeneration(T.T5GemmaConfig(
+        encoder=T.T5GemmaModuleConfig(**LAYERS, head_dim=16, sliding_window=8, attn_logit_softcapping=0.5),
+        decoder=T.T5GemmaModuleConfig(**LAYERS, head_dim=16, sliding_window=8, attn_logit_softcapping=0.5),
+        vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=97, d_model=64, d_kv=16, d_ff=128, num_layers=2,
                                                           num_heads=4)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
@@ -177,7 +183,7 @@ MORE = {
 }
 
 
-SEQ2SEQ_FAMILIES = ("bart", "nllb_moe", "pegasus_x", "t5")
+SEQ2SEQ_FAMILIES = ("bart", "nllb_moe", "pegasus_x", "t5", "t5gemma")
 
 
 def run_more(family, implementation, dtype):
@@ -217,13 +223,21 @@ def test_more_families_within_twice_eager_error(family):
 def test_what_mha_cannot_honour_is_refused():
     """T5's learned relative-position bias needs a gradient in training, which mha does not
     compute; a sparse indexer's key choice (DeepSeek V3.2), block-sparse indices and per-token
-    sinks have no mha setting: each an error naming it, never ignored."""
+    sinks have no mha setting; BigBird-Pegasus and Doge read the dense mask in their own layers:
+    each an error naming it, never ignored."""
     torch.manual_seed(0)
     t5 = MORE["t5"]().train()
     t5.set_attn_implementation("mha")
     ids, mask, _, _ = batch("right")
     with pytest.raises(mha.ArgumentError, match="position_bias: mha computes no gradient for an additive bias"):
         t5(input_ids=ids, attention_mask=mask, labels=ids)
+    # Models whose own layers read the dense mask (found by running every model type of
+    # transformers 5.24): refused by the mask function, naming the model.
+    for model_type in ("bigbird_pegasus", "doge"):
+        config = T.PretrainedConfig()
+        config.model_type = model_type
+        with pytest.raises(mha.ArgumentError, match=f"{model_type}'s layers read the dense attention mask"):
+            mha.transformers.attention_mask(1, 4, 4, config=config)
     module = torch.nn.Module()
     q = torch.randn(1, 2, 4, 8)
     for name in ("indices", "block_indices", "sinks"):
@@ -412,20 +426,22 @@ def test_a_mask_mha_cannot_express_is_refused():
         with pytest.raises(mha.ArgumentError, match=f"gemma3_text's attention mask .*{part}"):
             mha.transformers.attention_mask(1, 4, 4, mask_function=function, config=config)
     padding = torch.tensor([[1, 1, 0, 0]])
-    for function, causal in ((M.causal_mask_function, True), (M.sliding_window_causal_mask_function(3), True),
-                             (M.sliding_window_bidirectional_mask_function(2), False),
-                             (M.bidirectional_mask_function, False),
-                             (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True)):
+    # Each mask is remembered with its causality and window (j > i − 3: 2 keys before the query's
+    # own; |i − j| <= 2: 2 keys on each side).
+    for function, causal, window in (
+            (M.causal_mask_function, True, None), (M.sliding_window_causal_mask_function(3), True, (2, 2)),
+            (M.sliding_window_bidirectional_mask_function(2), False, (2, 2)), (M.bidirectional_mask_function, False, None),
+            (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True, None)):
         ones = mha.transformers.attention_mask(1, 4, 4, mask_function=function)
         assert torch.equal(ones, torch.ones(1, 4, dtype=torch.bool))
-        assert mha.transformers._known_mask(ones) == (causal, False)
+        assert mha.transformers._known_mask(ones) == (causal, window, False)
         given = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding)
-        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == (causal, True)
+        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == (causal, window, True)
     # The last keys of a longer mask (a sliding-window cache); its ones when none of them is padded.
     assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
                        torch.tensor([[True, False]]))
     last = mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]]))
-    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last)[1] is False
+    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last)[2] is False
     # A mask the mask function did not make is not known (a copy, or one whose memory was reused).
     assert mha.transformers._known_mask(last.clone()) is None
 
