@@ -7,15 +7,17 @@
 Importing this module registers two functions under the name "mha": `attention_forward` with
 transformers' AttentionInterface and `attention_mask` with its AttentionMaskInterface. The mask
 function hands the attention function the padding alone, as the 2-D (batch, keys) bool mask
-transformers builds for FlashAttention (None when nothing is padded), never a dense
+transformers builds for FlashAttention (all True when nothing is padded), never a dense
 (batch, 1, queries, keys) mask: causality, the sliding window, the soft-cap, the sinks and packed
 sequences are the attention call's own settings, and mha skips the keys outside them (a window of
-W keys costs O(L·W), not O(L²)).
+W keys costs O(L·W), not O(L²)). The mask's causality and window are read off the mask function
+transformers composes and remembered with the mask; the attention function takes them from there
+(the modules' own is_causal and sliding_window are wrong in some models that only ran eager).
 
 What the attention function takes, as transformers' models send it (docs/transformers.md):
-`scaling`, `dropout` (the models pass 0 outside training), `is_causal` (else the module's),
-`sliding_window` (FlashAttention's convention: a query sees W − 1 keys before it; both sides
-when not causal, as ModernBERT's local layers), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks,
+`scaling`, `dropout` (the models pass 0 outside training), `is_causal` (else the mask's, else
+the module's), the mask's window (else `sliding_window` in FlashAttention's convention: a query
+sees W − 1 keys before it, both sides when not causal), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks,
 with their gradient), grouped-query attention without repeating keys, a KV cache (the queries
 are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed `position_ids`
 (padding-free batches, DataCollatorWithFlattening), T5's `position_bias` (added as a float
