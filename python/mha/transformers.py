@@ -81,7 +81,8 @@ _READ_DENSE = {
 }
 
 # What the mask function knows about each mask it returned, by the mask's identity (checked
-# through a weak reference, and dropped with the mask): (causal, window, padded). The attention
+# through a weak reference, and dropped with the mask): (causal, window, padded), causal None when
+# no mask function was given. The attention
 # function takes the causality and the window from here rather than from the module and its
 # arguments, which the eager path never reads and some models leave wrong: is_causal False on a
 # decoder's self-attention (NLLB-MoE, PEGASUS-X) or unset (Splinter); sliding_window = W where the
@@ -137,7 +138,7 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
-    causal = "causal_mask_function" in parts
+    causal = "causal_mask_function" in parts if mask_function is not None else None  # None: not known
     window = _window(parts)
     if attention_mask is None:
         written = kv_length
@@ -204,7 +205,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if is_causal is not None:
         causal = is_causal
     else:
-        causal = known[0] if known is not None else getattr(module, "is_causal", True)
+        causal = known[0] if known is not None and known[0] is not None else getattr(module, "is_causal", True)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal = attention_mask, False
