@@ -81,12 +81,12 @@ _READ_DENSE = {
 }
 
 # What the mask function knows about each mask it returned, by the mask's identity (checked
-# through a weak reference, and dropped with the mask): (causal, window, padded), causal None when
-# no mask function was given. The attention
-# function takes the causality and the window from here rather than from the module and its
-# arguments, which the eager path never reads and some models leave wrong: is_causal False on a
-# decoder's self-attention (NLLB-MoE, PEGASUS-X) or unset (Splinter); sliding_window = W where the
-# mask is |i − j| <= W (T5Gemma's encoder; ModernBERT passes W + 1, FlashAttention's convention).
+# through a weak reference, and dropped with the mask): ((causal, window), padded), the first None
+# when no mask function was given. The attention function takes the causality and the window from
+# here rather than from the module and its arguments, which the eager path never reads and some
+# models leave wrong: is_causal False on a decoder's self-attention (NLLB-MoE, PEGASUS-X) or unset
+# (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's encoder; ModernBERT
+# passes W + 1, FlashAttention's convention).
 _known = {}
 
 
@@ -103,14 +103,15 @@ def _window(parts):
     return None
 
 
-def _remember(mask, causal, window, padded):
+def _remember(mask, settings, padded):
     key = id(mask)
-    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), causal, window, padded)
+    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), settings, padded)
     return mask
 
 
 def _known_mask(mask):
-    """(causal, window, padded) of a mask the mask function returned, or None."""
+    """(settings, padded) of a mask the mask function returned, settings (causal, window) or None;
+    or None for any other mask."""
     entry = _known.get(id(mask)) if mask is not None else None
     return entry[1:] if entry is not None and entry[0]() is mask else None
 
@@ -138,21 +139,21 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
-    causal = "causal_mask_function" in parts if mask_function is not None else None  # None: not known
-    window = _window(parts)
+    causal = "causal_mask_function" in parts
+    settings = (causal, _window(parts)) if mask_function is not None else None
     if attention_mask is None:
         written = kv_length
         if causal and kv_length > q_length:
             written = min(kv_length, int(q_offset) + q_length - int(kv_offset))
         if torch.compiler.is_compiling():
             return None if written == kv_length else torch.ones(batch_size, written, dtype=torch.bool)
-        return _remember(torch.ones(batch_size, written, dtype=torch.bool), causal, window, padded=False)
+        return _remember(torch.ones(batch_size, written, dtype=torch.bool), settings, padded=False)
     mask = attention_mask[:, -kv_length:]
     if mask.dtype != torch.bool:
         mask = mask.bool()
     if torch.compiler.is_compiling():
         return mask
-    return _remember(mask, causal, window, padded=not bool(mask.all()))
+    return _remember(mask, settings, padded=not bool(mask.all()))
 
 
 # Arguments some models send that change which keys a query sees, or what joins its softmax, in a
@@ -201,11 +202,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    known = _known_mask(attention_mask)  # (causal, window, padded) when the mask function made it
+    known = _known_mask(attention_mask)  # ((causal, window) or None, padded) when the mask function made it
+    settings = known[0] if known is not None else None
     if is_causal is not None:
         causal = is_causal
     else:
-        causal = known[0] if known is not None and known[0] is not None else getattr(module, "is_causal", True)
+        causal = settings[0] if settings is not None else getattr(module, "is_causal", True)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal = attention_mask, False
@@ -218,7 +220,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         length = attention_mask.shape[1]
         if length < full:  # a static cache: the slots past the mask are not written yet
             key, value = key[:, :, :length], value[:, :, :length]
-        if known is None or known[2]:  # padding to apply (a mask of ones costs a pass for nothing)
+        if known is None or known[1]:  # padding to apply (a mask of ones costs a pass for nothing)
             mask = attention_mask[:, None, None, :]
             if mask.dtype != torch.bool:
                 mask = mask.bool()
@@ -241,8 +243,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         else:
             mask = bias + mask
     window = (-1, -1)
-    if known is not None:  # the window of the mask the mask function made
-        window = known[1] or window
+    if settings is not None:  # the window of the mask the mask function made
+        window = settings[1] or window
     elif sliding_window is not None:  # FlashAttention's convention, as transformers passes it
         window = (int(sliding_window) - 1, int(sliding_window) - 1)
     sinks = s_aux.to(query.dtype) if s_aux is not None else None

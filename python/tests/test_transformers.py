@@ -9,8 +9,6 @@ transformers' own path run each sequence alone, unpadded: with left padding tran
 float paths put NaN in the padded rows, which the next layer's values carry into every row, so
 the padded batch has no finite reference there (mha gives a padded query that sees no key 0).
 """
-import warnings
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -434,16 +432,26 @@ def test_a_mask_mha_cannot_express_is_refused():
             (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True, None)):
         ones = mha.transformers.attention_mask(1, 4, 4, mask_function=function)
         assert torch.equal(ones, torch.ones(1, 4, dtype=torch.bool))
-        assert mha.transformers._known_mask(ones) == (causal, window, False)
+        assert mha.transformers._known_mask(ones) == ((causal, window), False)
         given = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding)
-        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == (causal, window, True)
+        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == ((causal, window), True)
     # The last keys of a longer mask (a sliding-window cache); its ones when none of them is padded.
     assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
                        torch.tensor([[True, False]]))
     last = mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]]))
-    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last)[2] is False
+    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last) == (None, False)
     # A mask the mask function did not make is not known (a copy, or one whose memory was reused).
     assert mha.transformers._known_mask(last.clone()) is None
+    # Made without a mask function, the causality and the window are the module's and the
+    # arguments' (here causal, and FlashAttention's sliding_window = 2: the key before and its own).
+    module = torch.nn.Module()
+    module.is_causal = True
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    ones = mha.transformers.attention_mask(1, 4, 4, attention_mask=torch.ones(1, 4, dtype=torch.long))
+    out, _ = mha.transformers.attention_forward(module, q, k, v, ones, sliding_window=2)
+    i, j = torch.arange(4)[:, None], torch.arange(4)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j >= i - 1))
+    torch.testing.assert_close(out, expected.transpose(1, 2))
 
 
 def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():

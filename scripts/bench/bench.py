@@ -33,7 +33,9 @@ def median_seconds(run, repeats):
 
 
 def write_json(path, report):
-    """The report as JSON at path, atomically (a temporary file, then a rename)."""
+    """The report as JSON at path, atomically (a temporary file, then a rename), its folder made
+    if missing."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)
     os.replace(path + ".tmp", path)

@@ -75,7 +75,6 @@ def main():
                 print(f"{str((B, H, L, d)):20} {str(causal):6} {label:8} | " +
                       " ".join(f"{t[n] * 1e3:12.1f} ms" for n in calls) +
                       f" | {row['speedup vs mha float32']:9.2f}x {row['speedup vs torch bfloat16']:12.2f}x", flush=True)
-    os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     path = os.path.join(build, "bench", "bfloat16.json")
     write_json(path, report)
     print(f"JSON written to {path}")

@@ -17,7 +17,6 @@ Every model has 2 layers and prints its shape. Writes <build>/bench/transformers
 
     python3 scripts/bench/bench_transformers.py [build dir] [--quick]   (--quick: 1/4 the tokens)
 """
-import json
 import os
 import resource
 import statistics
@@ -204,7 +203,6 @@ def main():
     print(f"decode step (1 query, 4096 keys): attention_forward {t['attention_forward'] * 1e6:.1f} us, the operator "
           f"{t['operator'] * 1e6:.1f} us: {overhead:.1f} us of its own", flush=True)
 
-    os.makedirs(os.path.join(build_dir, "bench"), exist_ok=True)
     path = os.path.join(build_dir, "bench", "transformers.json")
     write_json(path, report)
     print(f"JSON written to {path}")

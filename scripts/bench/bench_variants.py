@@ -201,7 +201,6 @@ def main():
     one, many = r["mha packed (varlen), 16 sequences"], r["mha 16 sequences one by one"]
     print(f"packed / one by one: forward {many['forward_ms'] / one['forward_ms']:.2f}x, "
           f"forward+backward {many['forward_backward_ms'] / one['forward_backward_ms']:.2f}x the speed")
-    os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     write_json(os.path.join(build, "bench", "variants.json"), report)
 
 
