@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,7 @@
 #include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
 #include "mha/core/bf16_gemm.h"
+#include "mha/core/random.h"
 #include "mha/core/simd.h"
 
 namespace mha::attention {
@@ -189,6 +191,43 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
                    n % 2 ? 24 : 64);
     vary_options(c, n, heads, 3);
     check_bf16_products(c, 900 + static_cast<uint64_t>(n));
+  }
+}
+
+// The bf16 path's softmax exponential (Exp2OfNonPositive in tiles/kernels-inl.h: 2^(s·(scale·log2 e)
+// − m·log2 e), its argument in one FMA) within float's error, on rows whose logsumexp is known in
+// closed form: row i has scores 0 and a_i (keys (0, 0) and (1, 0), q_i = (a_i, 0), exact in
+// bfloat16), so logsumexp = log(1 + exp(a_i·σ)) (σ = 0.3, not a power of 2). Against that in
+// double, with u = 2⁻²⁴: σ and m = σ·max rounded to float (|aσ|·u each), scale·log2 e and m·log2 e
+// rounded (3|aσ|·u), the argument rounded once (|aσ|·u), 2^f within 2u, the float sum of the two
+// probabilities (u) and the row sum's widening: |lse − lse64| <= (8·|aσ| + 4)·u. a·σ spans
+// [−90, 90], past the cut to 0 at e⁻⁸⁰. (Where the CPU has no AVX512_BF16 the products are float
+// and the exponential the base-e one: the same bound holds.)
+TEST(HalfPrecision, Bf16SoftmaxExponentialWithinFloatsError) {
+  const int64_t L = 12000;
+  const double sigma = 0.3;
+  Tensor<bfloat16> q({1, 1, L, 2}), k({1, 1, 2, 2}), v({1, 1, 2, 2});
+  k[2] = narrow<bfloat16>(1.0f);  // k1 = (1, 0); k0 = 0
+  for (int64_t e = 0; e < v.numel(); ++e) v[e] = narrow<bfloat16>(1.0f);
+  Generator gen(17);
+  for (int64_t i = 0; i < L; ++i) q[2 * i] = narrow<bfloat16>(gen.uniform(-90.0, 90.0) / sigma);
+  for (const std::string& target : simd_targets()) {
+    SCOPED_TRACE("target " + target);
+    const ScopedSimdTarget pin(target);
+    Options<bfloat16> opt;
+    opt.scale = sigma;
+    opt.backend = Backend::cpu_flash;
+    const ForwardResult<bfloat16> r = sdpa_forward(q, k, v, opt);
+    double worst = 0;  // in units of the bound
+    for (int64_t i = 0; i < L; ++i) {
+      const double x = static_cast<double>(widen(q[2 * i])) * sigma;
+      const double want = std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x)));
+      const double bound = (8 * std::abs(x) + 4) * 0x1p-24;
+      ASSERT_LE(std::abs(r.logsumexp[i] - want), bound) << "row " << i << ": a·σ = " << x << ", logsumexp " << r.logsumexp[i];
+      worst = std::max(worst, std::abs(r.logsumexp[i] - want) / bound);
+    }
+    std::cout << "[bf16 softmax exp] " << target << (bf16_gemm::native() ? "" : " (float products)")
+              << ": largest error " << worst << " of the bound\n";
   }
 }
 

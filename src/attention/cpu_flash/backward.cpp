@@ -168,8 +168,8 @@ struct Scratch {
   Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
   // On bf16 pairs: the B operands Kᵀ, Vᵀ (pairs over d) and K (pairs over keys); the block's Q and
-  // dO rows, their transposes, a tile's P or dS packed over the rows, and a tile's P and dS rows.
-  Buffer<bfloat16> kt_pairs, vt_pairs, k_pairs, q16, dout16, qt16, dot16, tile_pairs, p16, ds16;
+  // dO rows, their transposes, a tile's P and dS packed over the rows, and its dS rows.
+  Buffer<bfloat16> kt_pairs, vt_pairs, k_pairs, q16, dout16, qt16, dot16, p_pairs, ds_pairs, ds16;
 
   Scratch(const Plan& n, bool masked, bool dropout, bool softcapped, bool half)
       : kt_packed(n.pairs ? 0 : n.segment_padded * n.Dqk, uninitialized),
@@ -184,8 +184,8 @@ struct Scratch {
         vt_pairs(n.pairs ? bf16_gemm::packed_size(n.Dv, n.segment) : 0),
         k_pairs(n.pairs ? bf16_gemm::packed_size(n.segment, n.Dqk) : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
         dout16(n.pairs ? n.Br * n.dv2 : 0), qt16(n.pairs ? n.Dqk * n.br2 : 0), dot16(n.pairs ? n.Dv * n.br2 : 0),
-        tile_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0), p16(n.pairs ? n.Br * n.Bc : 0),
-        ds16(n.pairs ? n.Br * n.Bc : 0) {}
+        p_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0),
+        ds_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0), ds16(n.pairs ? n.Br * n.Bc : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
@@ -448,17 +448,15 @@ class Backward {
       float* block_probs = s.probs.data() + t0;
       float* block_ds = s.dprobs.data() + t0;
       // On bf16 pairs P∘Z and dS come rounded to bfloat16 (as PyTorch's kernel multiplies them),
-      // rows of Bc, and are packed over the rows for dVᵀ and dKᵀ; dQ takes dS's rows as they are.
+      // packed over the rows for dVᵀ and dKᵀ (ldb Bc) and dS also as rows for dQ.
       const size_t Bc = n_.Bc;
+      const Bf16Operands bf16{s.p_pairs.data(), s.ds_pairs.data(), Bc, s.ds16.data(), Bc};
       score_gradients_tile(block_probs, block_ds, ws, rows, cols, s.delta.data(),
                            p_.dropout() ? s.factors.data() + t0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
-                           p_.softcapped() ? s.cap_slope.data() + t0 : nullptr, n_.pairs ? s.p16.data() : nullptr,
-                           n_.pairs ? s.ds16.data() : nullptr, Bc);
+                           p_.softcapped() ? s.cap_slope.data() + t0 : nullptr, n_.pairs ? &bf16 : nullptr);
       if (n_.pairs) {
-        bf16_gemm::pack_b(s.p16.data(), Bc, rows, cols, s.tile_pairs.data());
-        bf16_gemm::multiply(Dv, cols, rows, s.dot16.data(), n_.br2, s.tile_pairs.data(), cols, s.dvt(n_) + c0, ks, true);
-        bf16_gemm::pack_b(s.ds16.data(), Bc, rows, cols, s.tile_pairs.data());
-        bf16_gemm::multiply(Dqk, cols, rows, s.qt16.data(), n_.br2, s.tile_pairs.data(), cols, s.dkt() + c0, ks, true);
+        bf16_gemm::multiply(Dv, cols, rows, s.dot16.data(), n_.br2, s.p_pairs.data(), Bc, s.dvt(n_) + c0, ks, true);
+        bf16_gemm::multiply(Dqk, cols, rows, s.qt16.data(), n_.br2, s.ds_pairs.data(), Bc, s.dkt() + c0, ks, true);
         for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
           if (g.end_col > g.first_col)
             bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, s.ds16.data() + g.first_row * Bc + g.first_col, Bc,

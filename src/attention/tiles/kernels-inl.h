@@ -60,10 +60,12 @@ HWY_INLINE size_t round_up_to(size_t x, size_t multiple) { return (x + multiple 
 // Below x = −80 the result is 0 rather than e⁻⁸⁰ ≈ 2e−35 (which no float sum of a 1 can see):
 // that gives exp(−inf) = 0 and keeps denormals (microcode assists on x86) out of P·V. NaN
 // propagates through the arithmetic, and x < −80 is false for it. Valid for x <= 88.
+constexpr float kLog2e = 1.44269504088896341f;
+
 HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   const VF magic = hn::Set(d, 12583039.0f);  // 1.5·2²³ + 127
-  const VF t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), magic);
+  const VF t = hn::MulAdd(x, hn::Set(d, kLog2e), magic);
   const VF n = hn::Sub(t, magic);
   VF f = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
   f = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), f);
@@ -76,6 +78,31 @@ HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
   poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
   const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -80.0f)), hn::Mul(poly, two_to_n));
+}
+
+// 2ˣ for x <= 0 (up to rounding), the same computation with the argument already in base 2: the
+// bfloat16 path's softmax, which forms x = s·(scale·log2 e) − m·log2 e in one FMA, so that the
+// range reduction is exact additions (n = round(x), f = x − n) instead of a multiply and two
+// Cody–Waite FMAs: 8 operations on the FMA ports where ExpOfNonPositive takes 11 (those ports are
+// what the softmax waits on; measured in docs/bfloat16.md). 2ᶠ ≈ P(f) on [−1/2, 1/2] is the
+// polynomial above with y = f·ln 2 (its coefficients times ln 2ᵏ: relative error 1.5e-8 in exact
+// arithmetic). What it adds to the error is x's rounding, |x|·2⁻²⁴ in the exponent, as a rounding
+// of the scaled score would; P is then rounded to bfloat16 (2⁻⁹) for P·V. Zero below x = −115
+// (e⁻⁸⁰), NaN propagates, valid for x <= 127.
+HWY_INLINE VF Exp2OfNonPositive(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(d, 12583039.0f);  // 1.5·2²³ + 127
+  const VF t = hn::Add(x, magic);
+  const VF f = hn::Sub(x, hn::Sub(t, magic));
+  VF poly = hn::Set(d, 0.00015353361959569156f);
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.0013398875016719103f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.00961843691766262f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.055503327399492264f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.24022647738456726f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.6931471824645996f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -115.0f)), hn::Mul(poly, two_to_n));
 }
 
 // c·tanh(x / c), the soft-cap (Scoring::softcap; the reference's c * std::tanh(x / c)). Not Highway's
@@ -107,7 +134,7 @@ HWY_INLINE VF Capped(DF d, VF x, float cap) {
 
 // v's lanes at p as bfloat16, rounded to nearest even, for the bf16 products' operands (P, dS),
 // which the kernels write only where the CPU has AVX512_BF16 (ScoreTile::probs_bf16,
-// score_gradients_tile's ds16). On the AVX-512 targets that is VCVTNEPS2BF16, one instruction where
+// score_gradients_tile's Bf16Operands). On the AVX-512 targets that is VCVTNEPS2BF16, one instruction where
 // the integer rounding takes nine, by inline assembly: Highway 1.0.3 has no op for it and these
 // targets' compile flags lack the feature. It flushes subnormal inputs to 0 (P or dS below 1.2e-38,
 // which weigh nothing next to the rest); the other targets round as to_bfloat16.
@@ -119,6 +146,32 @@ HWY_INLINE void StoreBF16(DF d, VF v, bfloat16* p) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 #else
   mha::HWY_NAMESPACE::StoreAsBFloat16(d, v, p);
+#endif
+}
+
+// a's and b's lanes as bfloat16 pairs at p, p[2i] = a[i] and p[2i + 1] = b[i] (bf16_gemm's layout
+// of rows 2k and 2k + 1 of a B operand), each rounded as StoreBF16 rounds it. On the AVX-512
+// targets VCVTNE2PS2BF16 (a in the low half, b in the high) and one VPERMW that interleaves the
+// halves.
+HWY_INLINE void StoreBF16Pairs(DF d, VF a, VF b, bfloat16* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)d;
+  __m512i halves;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(b.raw), "v"(a.raw));
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                           21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pairs = _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), halves);
+  _mm512_storeu_si512(p, pairs);
+#else
+  const size_t N = hn::Lanes(d);
+  HWY_ALIGN bfloat16 lanes[2 * hn::MaxLanes(d)];
+  StoreBF16(d, a, lanes);
+  StoreBF16(d, b, lanes + N);
+  for (size_t i = 0; i < N; ++i) {
+    p[2 * i] = lanes[i];
+    p[2 * i + 1] = lanes[N + i];
+  }
 #endif
 }
 
@@ -143,6 +196,16 @@ HWY_INLINE VF EdgeScores(DF d, const ScoreTile& t, const float* s, const float* 
   return hn::IfThenElse(hn::FirstN(d, t.cols - c0), x, neg_inf);
 }
 
+// The scale the exponential's argument takes as s·scale − shift when the scale is the tile's only
+// addition (bfloat16 products leave q·k unscaled): then the rows' maxima are taken over the raw
+// scores (scale·max s = max scale·s: rounding is monotone, scale > 0), no scaled copy of the tile
+// is stored and read back, and the probabilities are 2^(s·(scale·log2 e) − shift·log2 e)
+// (Exp2OfNonPositive). 1 otherwise: exp(s − shift) as the float path computes it.
+HWY_INLINE float DeferredScale(const ScoreTile& t) {
+  const bool deferred = t.scale != 1.0f && t.scale > 0.0f && std::isfinite(t.scale) && !t.bias && t.softcap == 0.0f;
+  return deferred ? t.scale : 1.0f;
+}
+
 // Columns [first, end) of row r are visible (first <= end <= cols).
 struct Visible {
   size_t first, end;
@@ -156,7 +219,7 @@ HWY_INLINE Visible VisibleColumns(const ScoreTile& t, size_t r) {
 
 // Row r of the tile with its additions applied (stored back where there are any) and its
 // maximum: the part of the online softmax that needs no exponential. Two running maxima halve
-// the dependency chain of Max.
+// the dependency chain of Max. (With a deferred scale t.scale is 1 here: the caller multiplies.)
 HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
   const size_t N = hn::Lanes(d);
   float* s = t.scores + r * t.stride;
@@ -203,8 +266,12 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
   // Pass 1 (every row, so that the rows' dependency chains overlap): the block maxima and
   // m' = max(m, block max). A row with nothing visible yet keeps m' = −inf and subtracts 0
   // instead (exp(−inf − 0) = 0, where −inf − (−inf) would be NaN).
+  const float scale = DeferredScale(t);
+  const bool base2 = scale != 1.0f;
+  ScoreTile raw = t;  // the tile as pass 1 reads it: without the deferred scale
+  raw.scale = base2 ? 1.0f : t.scale;
   for (size_t r = 0; r < rows; ++r) {
-    const float block_max = ScoresAndRowMax(d, t, r);
+    const float block_max = ScoresAndRowMax(d, raw, r) * scale;
     old_max[r] = row_max[r];
     row_max[r] = block_max > old_max[r] ? block_max : old_max[r];
     shift[r] = row_max[r] == neg_inf ? 0.0f : row_max[r];
@@ -220,11 +287,14 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
   for (size_t r = 0; r < rows; ++r) {
     float* s = t.scores + r * t.stride;
     const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
-    const VF vshift = hn::Set(d, shift[r]);
+    const VF vshift = hn::Set(d, shift[r]), vscale2 = hn::Set(d, scale * kLog2e),
+             vshift2 = hn::Set(d, shift[r] * kLog2e);
     // p at column c0, stored (times the dropout factor) and returned (without it).
     bfloat16* s_bf16 = t.probs_bf16 ? t.probs_bf16 + r * t.stride : nullptr;
     auto probability = [&](size_t c0) {
-      const VF prob = ExpOfNonPositive(d, hn::Sub(hn::LoadU(d, s + c0), vshift));
+      const VF x = hn::LoadU(d, s + c0);
+      const VF prob = base2 ? Exp2OfNonPositive(d, hn::MulSub(x, vscale2, vshift2))
+                            : ExpOfNonPositive(d, hn::Sub(x, vshift));
       const VF kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
       if (s_bf16) {
         StoreBF16(d, kept, s_bf16 + c0);
@@ -281,20 +351,28 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
       u.softcap = 0.0f;
       u.scale = 1.0f;
     }
+    const float scale = DeferredScale(u);  // base 2 when the scale is deferred
+    const bool base2 = scale != 1.0f;
+    if (base2) u.scale = 1.0f;
     const float* bias = t.bias ? t.bias + r * t.stride : nullptr;
     const Visible v = VisibleColumns(t, r);
     const VF hi = hn::Set(d, lse_hi[r]), lo = hn::Set(d, lse_lo[r]);
+    const VF scale2 = hn::Set(d, scale * kLog2e), hi2 = hn::Set(d, lse_hi[r] * kLog2e),
+             lo2 = hn::Set(d, lse_lo[r] * kLog2e);
     VF dot = hn::Zero(d), mass = hn::Zero(d);
     for (size_t c0 = 0; c0 < padded; c0 += N) {
       const VF x = c0 >= v.first && c0 + N <= v.end ? Scores(d, u, s, bias, c0)
                                                     : EdgeScores(d, u, s, bias, c0, v.first, v.end);
       // (s − hi) is exact when s is within a factor 2 of hi (Sterbenz), which covers every
       // score that matters when |lse| is huge; lo then carries the part a float lse would lose.
-      VF prob = ExpOfNonPositive(d, hn::Sub(hn::Sub(x, hi), lo));
+      VF prob = base2 ? Exp2OfNonPositive(d, hn::Sub(hn::MulSub(x, scale2, hi2), lo2))
+                      : ExpOfNonPositive(d, hn::Sub(hn::Sub(x, hi), lo));
       if (dp) {
         VF g = hn::LoadU(d, dp + c0);
-        if (drop) g = hn::Mul(g, hn::LoadU(d, drop + c0));
-        hn::StoreU(g, d, dp + c0);
+        if (drop) {
+          g = hn::Mul(g, hn::LoadU(d, drop + c0));
+          hn::StoreU(g, d, dp + c0);
+        }
         dot = hn::MulAdd(prob, g, dot);  // padding lanes: prob = 0 and g = 0
         mass = hn::Add(mass, prob);
       } else if (drop) {
@@ -310,30 +388,45 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
 }
 
 void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                        const float* dropout, const float* renormalize, const float* cap_slope, bfloat16* probs16,
-                        bfloat16* ds16, size_t stride16) {
+                        const float* dropout, const float* renormalize, const float* cap_slope,
+                        const Bf16Operands* bf16) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const size_t padded = (cols + N - 1) / N * N;
-  for (size_t r = 0; r < rows; ++r) {
-    float* p = probs + r * stride;
-    float* g = dprob + r * stride;
-    const VF row_delta = hn::Set(d, delta[r]);
-    const bool scaled = renormalize && renormalize[r] != 1.0f;
-    const VF row_scale = hn::Set(d, scaled ? renormalize[r] : 1.0f);
-    for (size_t c0 = 0; c0 < padded; c0 += N) {
-      VF prob = hn::LoadU(d, p + c0);
-      if (scaled) prob = hn::Mul(prob, row_scale);
-      VF ds = hn::Mul(prob, hn::Sub(hn::LoadU(d, g + c0), row_delta));
-      if (cap_slope) ds = hn::Mul(ds, hn::LoadU(d, cap_slope + r * stride + c0));
-      if (dropout) prob = hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0));
-      if (ds16) {  // bfloat16 outputs instead of the float ones
-        StoreBF16(d, prob, probs16 + r * stride16 + c0);
-        StoreBF16(d, ds, ds16 + r * stride16 + c0);
-        continue;
+  // Row r's P (renormalised, times the dropout factor) and dS at columns [c0, c0 + N).
+  auto gradients = [&](size_t r, size_t c0, VF& prob, VF& ds) {
+    prob = hn::LoadU(d, probs + r * stride + c0);
+    if (renormalize && renormalize[r] != 1.0f) prob = hn::Mul(prob, hn::Set(d, renormalize[r]));
+    ds = hn::Mul(prob, hn::Sub(hn::LoadU(d, dprob + r * stride + c0), hn::Set(d, delta[r])));
+    if (cap_slope) ds = hn::Mul(ds, hn::LoadU(d, cap_slope + r * stride + c0));
+    if (dropout) prob = hn::Mul(prob, hn::LoadU(d, dropout + r * stride + c0));
+  };
+  if (bf16) {  // bfloat16 outputs instead of the float ones, two rows at a time (the pairs)
+    HWY_ASSERT(bf16->pairs_ld >= padded && bf16->rows_ld >= padded);
+    for (size_t r = 0; r < rows; r += 2) {
+      const bool second = r + 1 < rows;  // else the pairs' zero row
+      bfloat16* p_pairs = bf16->p_pairs + r * bf16->pairs_ld;  // rows r, r + 1: pair row r / 2
+      bfloat16* ds_pairs = bf16->ds_pairs + r * bf16->pairs_ld;
+      bfloat16* ds_rows = bf16->ds_rows + r * bf16->rows_ld;
+      for (size_t c0 = 0; c0 < padded; c0 += N) {
+        VF p0, ds0, p1 = hn::Zero(d), ds1 = hn::Zero(d);
+        gradients(r, c0, p0, ds0);
+        if (second) gradients(r + 1, c0, p1, ds1);
+        StoreBF16Pairs(d, p0, p1, p_pairs + 2 * c0);
+        StoreBF16Pairs(d, ds0, ds1, ds_pairs + 2 * c0);
+        StoreBF16(d, ds0, ds_rows + c0);
+        if (second) StoreBF16(d, ds1, ds_rows + bf16->rows_ld + c0);
       }
-      hn::StoreU(ds, d, g + c0);
-      if (dropout || scaled) hn::StoreU(prob, d, p + c0);
+    }
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    const bool rewrite = dropout || (renormalize && renormalize[r] != 1.0f);
+    for (size_t c0 = 0; c0 < padded; c0 += N) {
+      VF prob, ds;
+      gradients(r, c0, prob, ds);
+      hn::StoreU(ds, d, dprob + r * stride + c0);
+      if (rewrite) hn::StoreU(prob, d, probs + r * stride + c0);
     }
   }
 }

@@ -30,10 +30,10 @@ void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float*
 }
 
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
-                          const float* dropout, const float* renormalize, const float* cap_slope, bfloat16* probs16,
-                          bfloat16* ds16, size_t stride16) {
+                          const float* dropout, const float* renormalize, const float* cap_slope,
+                          const Bf16Operands* bf16) {
   HWY_DYNAMIC_DISPATCH(ScoreGradientsTile)(probs, dprob, stride, rows, cols, delta, dropout, renormalize, cap_slope,
-                                           probs16, ds16, stride16);
+                                           bf16);
 }
 
 void dropout_tile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, uint32_t j0, size_t cols, double p,

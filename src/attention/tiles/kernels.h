@@ -80,17 +80,30 @@ void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum,
 void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float* lse_lo, float* dprob,
                         double* row_dot, double* row_mass);
 
+// The bfloat16 outputs of score_gradients_tile (the bf16 products' operands, only where the CPU has
+// AVX512_BF16), rounded to bfloat16 as probs_bf16 is:
+//   p_pairs, ds_pairs  P ∘ dropout and dS packed in pairs over the rows, the B operands of
+//                      dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS: bf16_gemm's layout with ldb = pairs_ld (row r,
+//                      column c at (r / 2)·2·pairs_ld + 2c + r % 2; an odd row count gets a zero row);
+//   ds_rows            dS by rows (row stride rows_ld), the A operand of dQ += dS·K.
+// Both strides at least cols rounded up to 16 (the kernels write whole vectors).
+struct Bf16Operands {
+  bfloat16* p_pairs;
+  bfloat16* ds_pairs;
+  size_t pairs_ld;
+  bfloat16* ds_rows;
+  size_t rows_ld;
+};
+
 // dS = P ∘ (dP − D_r) ∘ cap_slope (cap_slope: the soft-cap's derivative, or null for none),
 // written over dprob (which holds dP ∘ dropout), then P ← P ∘ dropout when dropout is not null.
 // Row stride `stride` for all four tiles. With `renormalize` given, row r's
 // P is first multiplied by renormalize[r] (rows whose P from logsumexp must be divided by its sum,
-// backward.cpp), and P is rewritten even without dropout. With probs16 and ds16 given (bfloat16
-// operands' backward, only where the CPU has AVX512_BF16), P ∘ dropout and dS go there instead,
-// rounded to bfloat16 as probs_bf16 is (row stride stride16), and the float tiles are left as
-// they were.
+// backward.cpp), and P is rewritten even without dropout. With `bf16` given, P ∘ dropout and dS go
+// there instead (Bf16Operands) and the float tiles are left as they were.
 void score_gradients_tile(float* probs, float* dprob, size_t stride, size_t rows, size_t cols, const float* delta,
                           const float* dropout, const float* renormalize, const float* cap_slope,
-                          bfloat16* probs16 = nullptr, bfloat16* ds16 = nullptr, size_t stride16 = 0);
+                          const Bf16Operands* bf16 = nullptr);
 
 // factor[r][c] = kept if dropout_keep(seed, batch_head, i0 + r, j0 + c, p) (mha/core/random.h)
 // else 0, for r < rows, c < cols: the same Philox bits as the reference, N elements at a time.
