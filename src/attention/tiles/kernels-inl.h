@@ -43,23 +43,6 @@ HWY_INLINE size_t round_up_to(size_t x, size_t multiple) { return (x + multiple 
 // ------------------------------------------------------------------------------------------
 // Row operations of the softmax.
 
-// exp(x) for the probabilities, x = s − max (or s − logsumexp): x <= 0 up to rounding, with
-// −inf for masked scores and NaN that must reach its row.
-//
-// Not Highway's Exp, for a measured reason: in the forward pass at d = 64 (B=4, H=8,
-// L=S=2048, 2 threads, AVX-512) hn::Exp plus the NaN fix-up it needs (it maps NaN to 0) took a
-// quarter of the time: 197 GFLOP/s with it, 231 with the exponential left out altogether, 233
-// with this one. Its ~28 vector operations per vector, many of them port-0-only shifts and
-// conversions on AVX-512, compete with the FMAs of the matrix products; this one takes 15,
-// with the same accuracy (max error 1.03 ulp on [−87, 0] against exp in double; hn::Exp 0.99):
-//   n = round(x·log2 e)           by the magic-number trick: t = x·log2 e + (1.5·2²³ + 127)
-//                                 holds n + 127 in its low mantissa bits
-//   f = x − n·ln 2                Cody–Waite in two steps (ln 2 = hi + lo), |f| <= ln 2 / 2
-//   eᶠ ≈ 1 + f·P(f)               degree-6 minimax (relative error 2e-9 on [−ln2/2, ln2/2])
-//   2ⁿ = bits (n + 127) << 23     the exponent field, shifted out of t
-// Below x = −80 the result is 0 rather than e⁻⁸⁰ ≈ 2e−35 (which no float sum of a 1 can see):
-// that gives exp(−inf) = 0 and keeps denormals (microcode assists on x86) out of P·V. NaN
-// propagates through the arithmetic, and x < −80 is false for it. Valid for x <= 88.
 constexpr float kLog2e = 1.44269504088896341f;
 
 // The degree-6 polynomial c (highest degree first) at f, times 2ⁿ where t holds n + 127 in its low
@@ -79,6 +62,24 @@ HWY_INLINE VF PolynomialTimesPow2(DF d, VF f, VF t, const Coefficients& c, VF x,
 }
 
 constexpr float kMagic = 12583039.0f;  // 1.5·2²³ + 127
+
+// exp(x) for the probabilities, x = s − max (or s − logsumexp): x <= 0 up to rounding, with
+// −inf for masked scores and NaN that must reach its row.
+//
+// Not Highway's Exp, for a measured reason: in the forward pass at d = 64 (B=4, H=8,
+// L=S=2048, 2 threads, AVX-512) hn::Exp plus the NaN fix-up it needs (it maps NaN to 0) took a
+// quarter of the time: 197 GFLOP/s with it, 231 with the exponential left out altogether, 233
+// with this one. Its ~28 vector operations per vector, many of them port-0-only shifts and
+// conversions on AVX-512, compete with the FMAs of the matrix products; this one takes 15,
+// with the same accuracy (max error 1.03 ulp on [−87, 0] against exp in double; hn::Exp 0.99):
+//   n = round(x·log2 e)           by the magic-number trick: t = x·log2 e + (1.5·2²³ + 127)
+//                                 holds n + 127 in its low mantissa bits
+//   f = x − n·ln 2                Cody–Waite in two steps (ln 2 = hi + lo), |f| <= ln 2 / 2
+//   eᶠ ≈ 1 + f·P(f)               degree-6 minimax (relative error 2e-9 on [−ln2/2, ln2/2])
+//   2ⁿ = bits (n + 127) << 23     the exponent field, shifted out of t
+// Below x = −80 the result is 0 rather than e⁻⁸⁰ ≈ 2e−35 (which no float sum of a 1 can see):
+// that gives exp(−inf) = 0 and keeps denormals (microcode assists on x86) out of P·V. NaN
+// propagates through the arithmetic, and x < −80 is false for it. Valid for x <= 88.
 constexpr Coefficients kExpCoefficients = {0.0013843653723597527f, 0.00837415549904108f, 0.04166800156235695f,
                                            0.16666431725025177f,  0.4999999403953552f,  1.0f,
                                            1.0f};
@@ -279,7 +280,7 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
   const float scale = DeferredScale(t);
   const bool base2 = scale != 1.0f;
   ScoreTile raw = t;  // the tile as pass 1 reads it: without the deferred scale
-  raw.scale = base2 ? 1.0f : t.scale;
+  if (base2) raw.scale = 1.0f;
   for (size_t r = 0; r < rows; ++r) {
     const float block_max = ScoresAndRowMax(d, raw, r) * scale;
     old_max[r] = row_max[r];
@@ -372,7 +373,8 @@ void ProbabilitiesTile(const ScoreTile& t, const float* lse_hi, const float* lse
       const VF x = c0 >= v.first && c0 + N <= v.end ? Scores(d, u, s, bias, c0)
                                                     : EdgeScores(d, u, s, bias, c0, v.first, v.end);
       // (s − hi) is exact when s is within a factor 2 of hi (Sterbenz), which covers every
-      // score that matters when |lse| is huge; lo then carries the part a float lse would lose.
+      // score that matters when |lse| is huge (base 2: s·scale − hi rounded once, by the FMA);
+      // lo then carries the part a float lse would lose.
       VF prob = base2 ? Exp2OfNonPositive(d, hn::Mul(hn::Sub(hn::MulSub(x, vscale, hi), lo), log2e))
                       : ExpOfNonPositive(d, hn::Sub(hn::Sub(x, hi), lo));
       if (dp) {
