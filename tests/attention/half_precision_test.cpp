@@ -9,7 +9,8 @@
 //     first): within one unit of the half type's last place;
 //     (on the path a CPU without AVX512_BF16 takes, forced: bf16_gemm::ScopedFloat32Fallback);
 //   - bfloat16 on the CPU's bf16 instructions (products in bf16, P rounded to bfloat16 for P·V)
-//     against the reference in double, within a bound derived from those roundings;
+//     against the reference in double, within a bound derived from those roundings; with value
+//     heads of another size its backward is the float call's rounded once;
 //   - the same on every SIMD target, and bitwise the same for 1 and 2 threads on both paths;
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
 // The accuracy bar against PyTorch's own bfloat16/float16 SDPA is in python/tests (test_half_precision.py).
@@ -187,10 +188,36 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   // sweeps over key segments.
   const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
   for (int n = 0; n < 28; ++n) {
-    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40,
-                   n % 2 ? 24 : 64);
+    // Query and value heads of one size in every other case: the backward runs on the bf16 pairs
+    // only then (of other sizes it is the float call's, below).
+    const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
+    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
     vary_options(c, n, heads, 3);
     check_bf16_products(c, 900 + static_cast<uint64_t>(n));
+  }
+}
+
+// bfloat16 with value heads of another size than the query's: the backward takes the float products
+// on the widened operands (bf16_products in cpu_flash/backward.cpp: PyTorch's SDPA computes those
+// shapes in float32), so its gradients are the float backward's, given the same output and
+// logsumexp, rounded once, on the bf16 instructions' path too (the forward keeps that path). On a
+// CPU without AVX512_BF16 every call takes this path.
+TEST(HalfPrecision, Bf16BackwardWithValueHeadsOfAnotherSizeIsTheFloatCallRoundedOnce) {
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
+  const int64_t lengths[][2] = {{7, 7}, {33, 300}, {130, 97}, {5, 16500}};
+  for (int n = 0; n < 12; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 4][0], lengths[n % 4][1], n % 2 ? 40 : 128, n % 3 ? 24 : 64);
+    vary_options(c, n, heads, 3);
+    SCOPED_TRACE(c.describe());
+    Inputs in = make_inputs(c, 1000 + static_cast<uint64_t>(n));
+    round_inputs<bfloat16>(in);
+    const Results<bfloat16> h = run<bfloat16>(c, in, Backend::cpu_flash);
+    Held<float> held;
+    const Gradients<float> f = sdpa_backward(in.q, in.k, in.v, mha::cast<float>(h.fwd.output), h.fwd.logsumexp,
+                                             in.dout, options_of<float>(c, in, Backend::cpu_flash, held));
+    expect_rounded_of(h.grads.grad_query, f.grad_query, "grad_query");
+    expect_rounded_of(h.grads.grad_key, f.grad_key, "grad_key");
+    expect_rounded_of(h.grads.grad_value, f.grad_value, "grad_value");
   }
 }
 
@@ -244,9 +271,10 @@ void sweep(Backend backend, int cases, uint64_t seed) {
   // always): exactly the float call, rounded once. The bf16 instructions' path is checked below.
   const bf16_gemm::ScopedFloat32Fallback float_products;
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
-  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {16, 513}};
+  // The last length is past kLongKeys (blocks.h): the backward's key segments, dQ summed over them.
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {16, 513}, {5, 16500}};
   for (int n = 0; n < cases; ++n) {
-    Case c = sized(1, 2, 2, lengths[n % 5][0], lengths[n % 5][1], n % 3 == 0 ? 64 : 19, n % 2 ? 24 : 64);
+    Case c = sized(1, 2, 2, lengths[n % 6][0], lengths[n % 6][1], n % 3 == 0 ? 64 : 19, n % 2 ? 24 : 64);
     vary_options(c, n, heads, 3);
     if (backend == Backend::decode && c.q_len > 16) c.q_len = 16;
     c.need_weights = backend != Backend::decode && n % 6 == 1;

@@ -23,7 +23,8 @@
 // dKᵀ, dVᵀ large, so the keys are taken in segments of kBackwardKeySegment: a first sweep over
 // the segments runs pass A only, to sum D's two sums over all keys (the same tiles in the same
 // order, so the same D); the second sweep runs passes A and B segment by segment, each task
-// adding its segment's part of dQ. Seven products per tile instead of five, O(d·segment) memory.
+// adding its segment's part of dQ (a bfloat16/float16 dQ in a float copy, rounded once at the
+// end: transfer_dq). Seven products per tile instead of five, O(d·segment) memory per task.
 //
 // Parallel tasks: (b, kv head, chunk of that kv head's (query head, query block) pairs). The query
 // heads of a GQA group are in the same task, so the task's dK, dV accumulators gather them
@@ -213,6 +214,18 @@ void add_row(T* gradient, float* values, size_t n) {
   }
 }
 
+// Whether the backward's products run on bf16 pairs: bfloat16 operands on a CPU with the bf16
+// instructions, and query and value heads of one size. Where the sizes differ PyTorch's SDPA has
+// no fused kernel and computes bfloat16 in float32 (its math backend upcasts), so its gradients
+// carry their final rounding alone; with P and dS rounded to bfloat16 for the products, mha's
+// had 1.1–1.9× that error in the median and up to 2.4× (docs/bfloat16.md). There the float
+// products on the widened operands run instead: the float call's gradients rounded once. (The
+// forward keeps the bf16 path: its output's error is its own rounding either way.)
+template <class T>
+bool bf16_products(const Problem& p) {
+  return std::is_same_v<T, bfloat16> && bf16_gemm::native() && p.qk_head_dim == p.v_head_dim;
+}
+
 // The backward of one call: the plan, what every thread shares, and the steps. T: the operands'
 // and gradients' type (float, bfloat16, float16), computed in float.
 template <class T>
@@ -220,15 +233,17 @@ class Backward {
  public:
   Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
       : p_(p), additions_(additions), a_(a),
-        n_(p, std::is_same_v<T, bfloat16> && bf16_gemm::native()),
+        n_(p, bf16_products<T>(p)),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
-        all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0) {}
+        all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
+        dq_sum_(is_half_v<T> && n_.segments > 1 ? to_size(n_.B * n_.Hq * n_.L) * n_.Dqk : 0, uninitialized) {}
 
   void run() {
 #pragma omp parallel
     {
       Scratch s(n_, additions_.present(), p_.dropout(), p_.softcapped(), is_half_v<T>);
+      if (dq_sum_.size()) transfer_dq(false);
       for (int sweep = n_.two_sweeps && !n_.partial ? 0 : 1; sweep < 2; ++sweep) {
         const bool gradients = sweep == 1;  // sweep 0 only sums D's parts (two sweeps)
         for (int64_t seg = 0; seg < n_.segments; ++seg) {
@@ -238,6 +253,7 @@ class Backward {
           if (gradients && n_.chunks.count > 1) sum_chunks(seg);
         }
       }
+      if (dq_sum_.size()) transfer_dq(true);
     }
   }
 
@@ -481,7 +497,28 @@ class Backward {
       if (s.fully_masked(r)) continue;
       float* dq = s.dq.data() + r * n_.dqk_padded;
       for (size_t d = 0; d < Dqk; ++d) dq[d] *= scale;
-      add_row(a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r)), dq, Dqk);
+      if (dq_sum_.size()) {
+        float* sum = dq_sum_.data() + to_size((b * n_.Hq + h) * n_.L + i0 + static_cast<int64_t>(r)) * Dqk;
+        for (size_t d = 0; d < Dqk; ++d) sum[d] += dq[d];
+      } else {
+        add_row(a_.grad_query.row(b, h, i0 + static_cast<int64_t>(r)), dq, Dqk);
+      }
+    }
+  }
+
+  // A bfloat16/float16 dQ over several key segments is summed in float (dq_sum_, from what
+  // grad_query holds) and rounded once at the end, as the float call's: not once per segment.
+  void transfer_dq(bool to_gradient) {
+    const size_t Dqk = n_.Dqk;
+#pragma omp for schedule(static)
+    for (int64_t x = 0; x < n_.B * n_.Hq * n_.L; ++x) {
+      T* g = a_.grad_query.row(x / (n_.Hq * n_.L), x / n_.L % n_.Hq, x % n_.L);
+      float* sum = dq_sum_.data() + to_size(x) * Dqk;
+      if (to_gradient) {
+        convert(sum, g, Dqk);
+      } else {
+        convert(g, sum, Dqk);
+      }
     }
   }
 
@@ -531,6 +568,8 @@ class Backward {
   Buffer<float> kvt_partial_;
   // Two sweeps: every query row's Σ_j P dP and Σ_j P, summed over all segments by the first.
   Buffer<double> all_row_dot_, all_row_mass_;
+  // bfloat16/float16 over several key segments: dQ summed in float (transfer_dq).
+  Buffer<float> dq_sum_;
 };
 
 }  // namespace
