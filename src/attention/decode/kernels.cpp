@@ -37,7 +37,7 @@ size_t Lanes() { return hn::Lanes(DF()); }
 
 #if HWY_TARGET == HWY_SCALAR
 template <size_t R, size_t K>
-HWY_INLINE void StoreSums(DF d, const VF (&acc)[R][K], float* s, size_t ss) {
+HWY_INLINE void StoreSums(DF /*d*/, const VF (&acc)[R][K], float* s, size_t ss) {
   for (size_t r = 0; r < R; ++r)
     for (size_t j = 0; j < K; ++j) s[r * ss + j] = hn::GetLane(acc[r][j]);
 }
