@@ -38,6 +38,11 @@ DECODERS = {
     "gpt_oss": (T.GptOssForCausalLM, lambda: T.GptOssConfig(**LAYERS, head_dim=16, sliding_window=5,
                                                             num_local_experts=4, num_experts_per_tok=2,
                                                             layer_types=TWO_KINDS), "eager"),
+    # Multi-head latent attention: query and key heads of 24 (16 + 8 rotary), value heads of 12.
+    "deepseek_v3": (T.DeepseekV3ForCausalLM, lambda: T.DeepseekV3Config(
+        **SMALL, num_key_value_heads=4, moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
+        num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12), "sdpa"),
 }
 ENCODERS = {
     "bert": (T.BertModel, lambda: T.BertConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
@@ -70,8 +75,9 @@ def build(family, attn_implementation, dtype):
     cls, config, _ = FAMILIES[family]
     torch.manual_seed(0)
     model = cls(config()).eval()
-    if family == "gpt_oss":
+    if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")  # the grouped product takes no float64
+    if family == "gpt_oss":
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_()  # sinks that weigh in the softmax
