@@ -198,7 +198,7 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
 }
 
 // bfloat16 with value heads of another size than the query's: the backward takes the float products
-// on the widened operands (bf16_products in cpu_flash/backward.cpp: PyTorch's SDPA computes those
+// on the widened operands (backward_on_pairs in cpu_flash/blocks.h: PyTorch's SDPA computes those
 // shapes in float32), so its gradients are the float backward's, given the same output and
 // logsumexp, rounded once, on the bf16 instructions' path too (the forward keeps that path). On a
 // CPU without AVX512_BF16 every call takes this path.

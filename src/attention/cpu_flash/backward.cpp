@@ -214,18 +214,6 @@ void add_row(T* gradient, float* values, size_t n) {
   }
 }
 
-// Whether the backward's products run on bf16 pairs: bfloat16 operands on a CPU with the bf16
-// instructions, and query and value heads of one size. Where the sizes differ PyTorch's SDPA has
-// no fused kernel and computes bfloat16 in float32 (its math backend upcasts), so its gradients
-// carry their final rounding alone; with P and dS rounded to bfloat16 for the products, mha's
-// had 1.1–1.9× that error in the median and up to 2.4× (docs/bfloat16.md). There the float
-// products on the widened operands run instead: the float call's gradients rounded once. (The
-// forward keeps the bf16 path: its output's error is its own rounding either way.)
-template <class T>
-bool bf16_products(const Problem& p) {
-  return std::is_same_v<T, bfloat16> && bf16_gemm::native() && p.qk_head_dim == p.v_head_dim;
-}
-
 // The backward of one call: the plan, what every thread shares, and the steps. T: the operands'
 // and gradients' type (float, bfloat16, float16), computed in float.
 template <class T>
@@ -233,7 +221,7 @@ class Backward {
  public:
   Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
       : p_(p), additions_(additions), a_(a),
-        n_(p, bf16_products<T>(p)),
+        n_(p, backward_on_pairs<T>(p)),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
         all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),

@@ -1,13 +1,17 @@
 #pragma once
-// cpu_flash's block sizes and the logsumexp helpers its forward and backward share.
+// cpu_flash's block sizes, which products run on bf16 pairs, and the logsumexp helpers its forward
+// and backward share.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../tiles/tiles.h"
+#include "mha/core/bf16_gemm.h"
+#include "mha/core/half.h"
 
 namespace mha::attention::detail::cpu_flash {
 
@@ -46,6 +50,24 @@ constexpr int64_t kLongKeys = 16384;
 constexpr size_t kBackwardKeySegment = 4096;
 static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
 static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
+
+// Whether a call's products run on bf16 pairs (bf16_gemm's VDPBF16PS kernels) rather than on float
+// panels, the operands widened as packed:
+// - forward: bfloat16 queries, keys and values on a CPU with the bf16 instructions;
+// - backward: the same, and query and value heads of one size. Where the sizes differ PyTorch's
+//   SDPA has no fused kernel and computes bfloat16 in float32 (its math backend upcasts), so its
+//   gradients carry their final rounding alone; with P and dS rounded to bfloat16 for the
+//   products, mha's had 1.1–1.9× that error in the median and up to 2.4× (docs/bfloat16.md).
+//   There the float products run instead: the float call's gradients rounded once. (The forward
+//   keeps the pairs: its output's error is its own rounding either way.)
+template <class T, class Kv>
+bool forward_on_pairs() {
+  return std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && bf16_gemm::native();
+}
+template <class T>
+bool backward_on_pairs(const Problem& p) {
+  return forward_on_pairs<T, T>() && p.qk_head_dim == p.v_head_dim;
+}
 
 // Rows per query block: `rows`, or half as many under a sliding window narrower than 512 keys on
 // its left. A block's key walk is about rows + W keys wide where each row sees W (plus up to 63

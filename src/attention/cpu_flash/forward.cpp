@@ -46,13 +46,6 @@ struct PackedKv {
   bool pairs() const { return kt_pairs != nullptr; }
 };
 
-// Whether a call's products run on bf16 pairs: bfloat16 queries, keys and values on a CPU with
-// the bf16 instructions (elsewhere the same call runs on float panels, widened as packed).
-template <class T, class Kv>
-bool bf16_products() {
-  return std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && bf16_gemm::native();
-}
-
 // One thread's scratch for query blocks of at most Br rows: the score tile and its additions
 // (Br × Bc, row stride Bc), the output accumulator and the per-row state.
 struct Scratch {
@@ -249,7 +242,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
   // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
   // after another.
   const bool shared_packs = S > kLongKeys;
-  const bool pairs = bf16_products<T, Kv>();
+  const bool pairs = forward_on_pairs<T, Kv>();
   // The packs' sizes: float panels, or bf16 pairs (Kᵀ's pairs over Dqk, V's over the keys).
   const size_t kt_size = pairs ? 0 : keys_padded * Dqk, v_size = pairs ? 0 : dv_padded * to_size(S);
   const size_t kt_pairs_size = pairs ? bf16_gemm::packed_size(Dqk, to_size(S)) : 0,
