@@ -1,10 +1,14 @@
-// bf16 × bf16 → float products (mha/core/bf16_gemm.h): libxsmm's JIT kernels where the CPU has
-// AVX512_BF16, the float32 panel micro-kernel on widened operands elsewhere.
+// bf16 × bf16 → float products (mha/core/bf16_gemm.h): AMX tiles where the CPU has AMX-BF16,
+// libxsmm's JIT kernels where it has AVX512_BF16, the float32 panel micro-kernel on widened
+// operands elsewhere.
 #include "mha/core/bf16_gemm.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <libxsmm.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,10 +23,10 @@ namespace mha::bf16_gemm {
 
 namespace {
 
-std::atomic<bool> forced_fallback{false};
+std::atomic<int> forced_limit{static_cast<int>(Path::amx)};
 
 // libxsmm's view of the CPU: Cooper Lake ("cpx") and every later x86 target it knows have
-// AVX512_BF16 (an AMD Zen 4 reports "cpx").
+// AVX512_BF16 (an AMD Zen 4 and Intel's Sapphire Rapids report "cpx").
 bool cpu_has_bf16() {
   static const bool has = [] {
     libxsmm_init();
@@ -31,27 +35,149 @@ bool cpu_has_bf16() {
   return has;
 }
 
+// ---- AMX (Intel's tile unit: TDPBF16PS multiplies 16 × 32 bf16 by 32 × 16 into 16 × 16 floats) ----
+//
+// Linux hands a process the tile registers only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA, kernel 5.16 on); a CPU that has AMX-BF16 but a kernel that refuses keeps the other
+// paths.
+bool cpu_has_amx() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has;
+}
+
+#define MHA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+
+// Palette 1: eight tiles of 16 rows × 64 bytes. Tiles 0–3 hold a 32 × 32 block of C (floats),
+// 4–5 two 16-row strips of A (32 bf16 each), 6–7 two 16-column strips of B (16 pair rows).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// C's R × N tiles (R, N ∈ {1, 2}) at c = (C loaded from c, or 0) + A's 16·R rows · B's 16·N
+// columns over a depth k32 (a multiple of 32); strides in bytes.
+template <int R, int N>
+MHA_AMX_TARGET void amx_block(const char* a, size_t as, const char* b, size_t bs, size_t k32, char* c, size_t cs,
+                              bool load_c) {
+  if (load_c) {
+    _tile_loadd(0, c, cs);
+    if constexpr (N > 1) _tile_loadd(1, c + 64, cs);
+    if constexpr (R > 1) _tile_loadd(2, c + 16 * cs, cs);
+    if constexpr (R > 1 && N > 1) _tile_loadd(3, c + 16 * cs + 64, cs);
+  } else {
+    _tile_zero(0);
+    if constexpr (N > 1) _tile_zero(1);
+    if constexpr (R > 1) _tile_zero(2);
+    if constexpr (R > 1 && N > 1) _tile_zero(3);
+  }
+  for (size_t kk = 0; kk < k32; kk += 32) {
+    _tile_loadd(4, a + 2 * kk, as);
+    if constexpr (R > 1) _tile_loadd(5, a + 16 * as + 2 * kk, as);
+    _tile_loadd(6, b + kk / 2 * bs, bs);
+    if constexpr (N > 1) _tile_loadd(7, b + kk / 2 * bs + 64, bs);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (N > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (R > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (R > 1 && N > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, cs);
+  if constexpr (N > 1) _tile_stored(1, c + 64, cs);
+  if constexpr (R > 1) _tile_stored(2, c + 16 * cs, cs);
+  if constexpr (R > 1 && N > 1) _tile_stored(3, c + 16 * cs + 64, cs);
+}
+
+// C (m16 × n16 floats, m16 and n16 multiples of 16) = or += A (m16 × k32 bf16) · B (k32 × n16 in
+// pairs): 32 × 32 blocks, 16-wide at an odd edge. Strides in elements.
+MHA_AMX_TARGET void amx_tiles(size_t m16, size_t n16, size_t k32, const bfloat16* a, size_t lda, const bfloat16* b,
+                              size_t ldb, float* c, size_t ldc, bool accumulate) {
+  static const TileConfig config;
+  _tile_loadconfig(&config);  // every call: another library may have configured this thread's tiles
+  const size_t as = 2 * lda, bs = 4 * ldb, cs = 4 * ldc;
+  for (size_t i = 0; i < m16; i += 32) {
+    const bool two_rows = i + 32 <= m16;
+    const char* ai = reinterpret_cast<const char*>(a + i * lda);
+    for (size_t j = 0; j < n16; j += 32) {
+      const char* bj = reinterpret_cast<const char*>(b + 2 * j);
+      char* cij = reinterpret_cast<char*>(c + i * ldc + j);
+      if (j + 32 <= n16) {
+        if (two_rows) amx_block<2, 2>(ai, as, bj, bs, k32, cij, cs, accumulate);
+        else amx_block<1, 2>(ai, as, bj, bs, k32, cij, cs, accumulate);
+      } else {
+        if (two_rows) amx_block<2, 1>(ai, as, bj, bs, k32, cij, cs, accumulate);
+        else amx_block<1, 1>(ai, as, bj, bs, k32, cij, cs, accumulate);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// The product of an even depth k on the tiles: A, B and C used in place where m, n and k fill
+// whole tiles (attention's blocks), else copied into zero-padded scratch (zeros add nothing, and
+// no byte past A's, B's or C's own is read).
+void multiply_amx(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b, size_t ldb, float* c,
+                  size_t ldc, bool accumulate) {
+  const auto up = [](size_t x, size_t to) { return (x + to - 1) / to * to; };
+  const size_t m16 = up(m, 16), n16 = up(n, 16), k32 = up(k, 32);
+  thread_local std::vector<bfloat16> a_pad, b_pad;
+  thread_local std::vector<float> c_pad;
+  if (m16 != m || k32 != k) {
+    a_pad.assign(m16 * k32, bfloat16{0});
+    for (size_t r = 0; r < m; ++r) std::memcpy(a_pad.data() + r * k32, a + r * lda, k * sizeof(bfloat16));
+    a = a_pad.data(), lda = k32;
+  }
+  if (n16 != n || k32 != k) {
+    b_pad.assign(k32 * n16, bfloat16{0});
+    for (size_t pair = 0; pair < k / 2; ++pair)
+      std::memcpy(b_pad.data() + pair * 2 * n16, b + pair * 2 * ldb, 2 * n * sizeof(bfloat16));
+    b = b_pad.data(), ldb = n16;
+  }
+  if (m16 == m && n16 == n) {
+    amx_tiles(m, n, k32, a, lda, b, ldb, c, ldc, accumulate);
+    return;
+  }
+  c_pad.assign(m16 * n16, 0.0f);
+  if (accumulate)
+    for (size_t r = 0; r < m; ++r) std::memcpy(c_pad.data() + r * n16, c + r * ldc, n * sizeof(float));
+  amx_tiles(m16, n16, k32, a, lda, b, ldb, c_pad.data(), n16, accumulate);
+  for (size_t r = 0; r < m; ++r) std::memcpy(c + r * ldc, c_pad.data() + r * n16, n * sizeof(float));
+}
+
 // B[kk][c] of a packed B of ldb columns.
 bfloat16 packed_at(const bfloat16* b, size_t ldb, size_t kk, size_t c) { return b[kk / 2 * 2 * ldb + 2 * c + kk % 2]; }
 
 // The row-major product C = A·B is libxsmm's column-major Cᵀ = Bᵀ·Aᵀ: its A is our packed B (n ×
 // k, pairs of k interleaved: the VNNI_A layout), its B our A (k × m, leading dimension lda). The
-// JIT kernels take an even depth (an odd k's last row of B is added on its own) and read A's rows
-// in pairs from the row start, which needs an even lda (measured: an odd one gives wrong rows).
-bool multiply_native(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b, size_t ldb,
-                     float* c, size_t ldc, bool accumulate) {
+// JIT kernels take an even depth and read A's rows in pairs from the row start, which needs an
+// even lda (measured: an odd one gives wrong rows).
+bool multiply_vdpbf16ps(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b, size_t ldb,
+                        float* c, size_t ldc, bool accumulate) {
   if (lda % 2 != 0) return false;
+  const auto M = static_cast<libxsmm_blasint>(n), N = static_cast<libxsmm_blasint>(m),
+             K = static_cast<libxsmm_blasint>(k), LDA = static_cast<libxsmm_blasint>(ldb),
+             LDB = static_cast<libxsmm_blasint>(lda), LDC = static_cast<libxsmm_blasint>(ldc);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const int flags = LIBXSMM_GEMM_FLAG_VNNI_A;
+  const libxsmm_bsmmfunction kernel = libxsmm_bsmmdispatch(M, N, K, &LDA, &LDB, &LDC, &alpha, &beta, &flags, nullptr);
+  if (kernel == nullptr) return false;
+  kernel(reinterpret_cast<const libxsmm_bfloat16*>(b), reinterpret_cast<const libxsmm_bfloat16*>(a), c);
+  return true;
+}
+
+// The product on bf16 pairs (`p`: AMX or VDPBF16PS): the kernels take an even depth; an odd k's
+// last row of B (whose pair partner lies outside B) is added on its own.
+bool multiply_on_pairs(Path p, size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b,
+                       size_t ldb, float* c, size_t ldc, bool accumulate) {
   const size_t even = k / 2 * 2;
   if (even > 0) {
-    const auto M = static_cast<libxsmm_blasint>(n), N = static_cast<libxsmm_blasint>(m),
-               K = static_cast<libxsmm_blasint>(even), LDA = static_cast<libxsmm_blasint>(ldb),
-               LDB = static_cast<libxsmm_blasint>(lda),
-               LDC = static_cast<libxsmm_blasint>(ldc);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const int flags = LIBXSMM_GEMM_FLAG_VNNI_A;
-    const libxsmm_bsmmfunction kernel = libxsmm_bsmmdispatch(M, N, K, &LDA, &LDB, &LDC, &alpha, &beta, &flags, nullptr);
-    if (kernel == nullptr) return false;
-    kernel(reinterpret_cast<const libxsmm_bfloat16*>(b), reinterpret_cast<const libxsmm_bfloat16*>(a), c);
+    if (p == Path::amx) multiply_amx(m, n, even, a, lda, b, ldb, c, ldc, accumulate);
+    else if (!multiply_vdpbf16ps(m, n, even, a, lda, b, ldb, c, ldc, accumulate)) return false;
   } else if (!accumulate) {
     for (size_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, 0.0f);
   }
@@ -147,14 +273,35 @@ void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat1
 void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed, size_t ldb,
               float* c, size_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
-  if (native() && multiply_native(m, n, k, a, lda, b_packed, ldb, c, ldc, accumulate)) return;
+  const Path p = path();
+  if (p != Path::float32 && multiply_on_pairs(p, m, n, k, a, lda, b_packed, ldb, c, ldc, accumulate)) return;
   multiply_float32(m, n, k, a, lda, b_packed, ldb, c, ldc, accumulate);
 }
 
-bool native() { return !forced_fallback.load(std::memory_order_relaxed) && cpu_has_bf16(); }
+std::vector<Path> paths() {
+  std::vector<Path> out{Path::float32};
+  if (cpu_has_bf16()) out.push_back(Path::vdpbf16ps);
+  if (cpu_has_bf16() && cpu_has_amx()) out.push_back(Path::amx);
+  return out;
+}
 
-ScopedFloat32Fallback::ScopedFloat32Fallback() : saved_(forced_fallback.exchange(true)) {}
-ScopedFloat32Fallback::~ScopedFloat32Fallback() { forced_fallback.store(saved_); }
+Path path() {
+  static const Path best = paths().back();
+  return std::min(best, static_cast<Path>(forced_limit.load(std::memory_order_relaxed)));
+}
+
+bool native() { return path() != Path::float32; }
+
+const char* name(Path p) {
+  switch (p) {
+    case Path::amx: return "AMX tiles (TDPBF16PS)";
+    case Path::vdpbf16ps: return "AVX512_BF16 (VDPBF16PS, libxsmm)";
+    default: return "float32 (operands widened)";
+  }
+}
+
+ScopedPath::ScopedPath(Path limit) : saved_(static_cast<Path>(forced_limit.exchange(static_cast<int>(limit)))) {}
+ScopedPath::~ScopedPath() { forced_limit.store(static_cast<int>(saved_)); }
 
 void multiply_blocks(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed,
                      size_t ldb, const RowSegment& finish) {

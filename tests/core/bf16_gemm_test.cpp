@@ -1,5 +1,5 @@
-// bf16 × bf16 → float products (mha/core/bf16_gemm.h), on the CPU's bf16 instructions where it has
-// them and on the float32 fallback always, against the sum written out in double here; and
+// bf16 × bf16 → float products (mha/core/bf16_gemm.h), on every path this CPU runs (AMX tiles,
+// VDPBF16PS, the float32 fallback always), against the sum written out in double here; and
 // PackedLinear, the bfloat16 linear layer on them.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -27,9 +27,6 @@ std::vector<bfloat16> uniform(size_t count, mha::Generator& gen) {
   return x;
 }
 
-// The paths to check, as "forced to the float32 fallback": always, and not where this CPU has the
-// bf16 instructions.
-std::vector<bool> fallbacks() { return bg::native() ? std::vector<bool>{true, false} : std::vector<bool>{true}; }
 
 struct Case {
   size_t m, n, k, lda, ldc;
@@ -39,7 +36,7 @@ struct Case {
 // (pack_b_transposed), against the exact sum in double: every bf16 product is exact in float, so a
 // float sum of k of them (plus C0) is within γ_(k+1)·(|C0| + Σ|a·b|), γ_j = j·u/(1 − j·u), u = 2⁻²⁴
 // (Higham §3.1), in whatever order the path adds them. Columns past n are left as they were.
-void check(const Case& c, bool transposed, bool accumulate, bool fallback, mha::Generator& gen) {
+void check(const Case& c, bool transposed, bool accumulate, bg::Path path, mha::Generator& gen) {
   const std::vector<bfloat16> a = uniform(c.m * c.lda, gen), b = uniform(c.k * c.n, gen);  // b: B row-major
   std::vector<bfloat16> bt(c.n * c.k), packed(bg::packed_size(c.k, c.n), bfloat16{0x7fc0});  // NaN: all overwritten
   for (size_t kk = 0; kk < c.k; ++kk)
@@ -53,11 +50,10 @@ void check(const Case& c, bool transposed, bool accumulate, bool fallback, mha::
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(gen.uniform(-1.0, 1.0));
   const std::vector<float> before = out;
   {
-    std::optional<bg::ScopedFloat32Fallback> pin;
-    if (fallback) pin.emplace();
+    const bg::ScopedPath pin(path);
     bg::multiply(c.m, c.n, c.k, a.data(), c.lda, packed.data(), c.n, out.data(), c.ldc, accumulate);
   }
-  const std::string where = std::string(fallback ? "float32 fallback" : "bf16 instructions") + " m=" +
+  const std::string where = std::string(bg::name(path)) + " m=" +
                             std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                             (transposed ? " from Bᵀ" : " from B") + (accumulate ? ", accumulating" : "");
   const double u = std::ldexp(1.0, -24), gamma = (c.k + 1) * u / (1 - (c.k + 1) * u);
@@ -79,15 +75,16 @@ void check(const Case& c, bool transposed, bool accumulate, bool fallback, mha::
 TEST(Bf16Gemm, MatchesTheExactSumOnEveryPathAndShape) {
   mha::Generator gen(21);
   // Attention's tiles (S = Q·Kᵀ: rows × keys × d; O += P·V: rows × d × keys; a band of 12 rows),
-  // odd depths and widths with even and odd row strides of A, one row, one column, depth 0 and 1.
+  // odd depths and widths with even and odd row strides of A, one row, one column, depth 0 and 1;
+  // whole AMX tiles in place with strides wider than the matrices (32 × 48: a 16-column edge).
   const std::vector<Case> cases = {{48, 256, 64, 64, 256}, {96, 64, 256, 256, 64}, {12, 272, 64, 70, 280},
                                    {7, 33, 17, 18, 40},    {7, 33, 17, 17, 40},    {1, 1, 1, 2, 1},
                                    {5, 3, 0, 2, 3},        {6, 64, 1, 3, 64},      {13, 100, 129, 130, 101},
-                                   {13, 100, 129, 131, 101}};
-  for (bool fallback : fallbacks())
+                                   {13, 100, 129, 131, 101}, {32, 48, 96, 100, 60}, {16, 32, 32, 32, 32}};
+  for (bg::Path path : bg::paths())
     for (const Case& c : cases)
       for (bool transposed : {false, true})
-        for (bool accumulate : {false, true}) check(c, transposed, accumulate, fallback, gen);
+        for (bool accumulate : {false, true}) check(c, transposed, accumulate, path, gen);
 }
 
 // A block of a larger packed B (attention's tiles inside a packed kv head): rows from an even kk0,
@@ -102,7 +99,7 @@ TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
   for (size_t kk = 0; kk < K; ++kk)
     for (size_t j = 0; j < N; ++j) bt[j * K + kk] = b[kk * N + j];
   const size_t u_bits = 24;
-  for (bool fallback : fallbacks())
+  for (bg::Path path : bg::paths())
     for (bool transposed : {false, true}) {
       std::vector<bfloat16> packed(bg::packed_size(K, N));
       if (transposed) {
@@ -111,11 +108,10 @@ TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
         bg::pack_b(b.data(), N, K, N, packed.data());
       }
       for (const auto [kk0, k, c0, n] : {std::tuple<size_t, size_t, size_t, size_t>{0, 40, 0, 300},
-                                         {8, 17, 16, 33}, {2, 37, 250, 50}, {38, 1, 5, 7}}) {
+                                         {8, 17, 16, 33}, {2, 37, 250, 50}, {38, 1, 5, 7}, {8, 32, 16, 64}}) {
         std::vector<float> out(m * n);
         {
-          std::optional<bg::ScopedFloat32Fallback> pin;
-          if (fallback) pin.emplace();
+          const bg::ScopedPath pin(path);
           bg::multiply(m, n, k, a.data() + kk0, K, packed.data() + kk0 * N + 2 * c0, N, out.data(), n, false);
         }
         const double gamma = (k + 1) * std::ldexp(1.0, -static_cast<int>(u_bits));
@@ -128,36 +124,46 @@ TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
               magnitude += std::abs(p);
             }
             ASSERT_LE(std::abs(out[r * n + j] - exact), gamma * magnitude + std::numeric_limits<float>::min())
-                << (fallback ? "fallback" : "native") << (transposed ? " from Bᵀ" : " from B") << " rows " << kk0
+                << bg::name(path) << (transposed ? " from Bᵀ" : " from B") << " rows " << kk0
                 << "+" << k << " columns " << c0 << "+" << n << ": row " << r << ", column " << j;
           }
       }
     }
 }
 
-// The bf16 instructions and the float32 fallback compute the same exact products and differ only
-// in the order of their float additions: the same within that rounding on an attention tile.
-TEST(Bf16Gemm, NativeAndFallbackAgreeWithinTheirRounding) {
-  if (!bg::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16: only the fallback runs (checked above)";
+// Every path computes the same exact products as the float32 fallback and differs only in the
+// order of its float additions: the same within that rounding on an attention tile; and
+// ScopedPath caps the path while it lives.
+TEST(Bf16Gemm, EveryPathAgreesWithTheFallbackWithinTheirRounding) {
+  const std::vector<bg::Path> paths = bg::paths();
+  ASSERT_EQ(paths.front(), bg::Path::float32);
+  if (paths.size() == 1) GTEST_SKIP() << "this CPU has no bf16 instructions: only the fallback runs (checked above)";
   mha::Generator gen(22);
   const size_t m = 48, n = 256, k = 64;
   const std::vector<bfloat16> a = uniform(m * k, gen), b = uniform(k * n, gen);
   std::vector<bfloat16> packed(bg::packed_size(k, n));
   bg::pack_b(b.data(), n, k, n, packed.data());
-  std::vector<float> native(m * n), fallback(m * n);
-  bg::multiply(m, n, k, a.data(), k, packed.data(), n, native.data(), n, false);
+  std::vector<float> fallback(m * n);
   {
     bg::ScopedFloat32Fallback pin;
     EXPECT_FALSE(bg::native());
     bg::multiply(m, n, k, a.data(), k, packed.data(), n, fallback.data(), n, false);
   }
-  EXPECT_TRUE(bg::native());
+  EXPECT_EQ(bg::path(), paths.back());
   const double u = std::ldexp(1.0, -24);
-  for (size_t i = 0; i < m * n; ++i) {
-    double magnitude = 0;
-    for (size_t kk = 0; kk < k; ++kk)
-      magnitude += std::abs(static_cast<double>(mha::to_float(a[i / n * k + kk])) * mha::to_float(b[kk * n + i % n]));
-    ASSERT_LE(std::abs(native[i] - fallback[i]), 2 * k * u * magnitude) << "element " << i;
+  for (bg::Path path : paths) {
+    std::vector<float> out(m * n);
+    {
+      const bg::ScopedPath pin(path);
+      EXPECT_EQ(bg::path(), path);
+      bg::multiply(m, n, k, a.data(), k, packed.data(), n, out.data(), n, false);
+    }
+    for (size_t i = 0; i < m * n; ++i) {
+      double magnitude = 0;
+      for (size_t kk = 0; kk < k; ++kk)
+        magnitude += std::abs(static_cast<double>(mha::to_float(a[i / n * k + kk])) * mha::to_float(b[kk * n + i % n]));
+      ASSERT_LE(std::abs(out[i] - fallback[i]), 2 * k * u * magnitude) << bg::name(path) << ", element " << i;
+    }
   }
 }
 
@@ -205,15 +211,14 @@ TEST(Bf16PackedLinear, MatchesTheExactSumOnEveryPath) {
   // Rows and columns past one block of 64, ragged ends, an odd depth, one row, no bias.
   for (auto [m, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 3}, {70, 96, 130}, {5, 33, 64}, {130, 384, 200}})
     for (bool with_bias : {true, false})
-      for (bool fallback : fallbacks()) {
+      for (bg::Path path : bg::paths()) {
         const Tensor<float> w = uniform_float({out, in}, gen), b = with_bias ? uniform_float({out}, gen) : Tensor<float>();
         const Tensor<bfloat16> x = uniform_bf16({m, in}, gen);
-        std::optional<bg::ScopedFloat32Fallback> pin;
-        if (fallback) pin.emplace();
+        const bg::ScopedPath pin(path);
         const bg::PackedLinear linear(w, b.defined() ? mha::View<const float>(b) : mha::View<const float>());
         const Tensor<bfloat16> y = linear.forward(x);
         ASSERT_EQ(y.shape(), (mha::Shape{m, out}));
-        expect_close_to_exact(y, x, w, b, std::string(fallback ? "float32 fallback" : "bf16 instructions") +
+        expect_close_to_exact(y, x, w, b, std::string(bg::name(path)) +
                                               " m=" + std::to_string(m) + " in=" + std::to_string(in) +
                                               " out=" + std::to_string(out) + (with_bias ? "" : ", no bias"));
       }
@@ -226,9 +231,8 @@ TEST(Bf16PackedLinear, ThreadsAndEpilogue) {
   const int64_t in = 96, out = 200;
   const Tensor<float> w = uniform_float({out, in}, gen), b = uniform_float({out}, gen);
   const Tensor<bfloat16> x = uniform_bf16({3, 70, in}, gen);
-  for (bool fallback : fallbacks()) {
-    std::optional<bg::ScopedFloat32Fallback> pin;
-    if (fallback) pin.emplace();
+  for (bg::Path path : bg::paths()) {
+    const bg::ScopedPath pin(path);
     const bg::PackedLinear linear(w, b);
     const int saved = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -246,7 +250,7 @@ TEST(Bf16PackedLinear, ThreadsAndEpilogue) {
     omp_set_num_threads(saved);
     ASSERT_EQ(one.shape(), (mha::Shape{3, 70, out}));
     for (int64_t i = 0; i < one.numel(); ++i) {
-      ASSERT_EQ(one[i].bits, two[i].bits) << "element " << i << (fallback ? ", fallback" : "");
+      ASSERT_EQ(one[i].bits, two[i].bits) << "element " << i << ", " << bg::name(path);
       ASSERT_EQ(seen[i], 1) << "element " << i;
       // Doubling commutes with rounding to bfloat16 (no overflow here).
       ASSERT_EQ(mha::to_float(doubled[i]), 2 * mha::to_float(one[i])) << "element " << i;
@@ -272,7 +276,7 @@ TEST(Bf16PackedLinear, BadInputsAreErrorsNamingTheArgument) {
 TEST(Bf16Gemm, BlasStyleGemmRoundsOnce) {
   mha::Generator gen(33);
   const int64_t m = 70, n = 130, k = 45;
-  for (bool fallback : fallbacks())
+  for (bg::Path path : bg::paths())
     for (auto ta : {mha::Transpose::no, mha::Transpose::yes})
       for (auto tb : {mha::Transpose::no, mha::Transpose::yes})
         for (double beta : {0.0, 1.0}) {
@@ -288,8 +292,7 @@ TEST(Bf16Gemm, BlasStyleGemmRoundsOnce) {
           auto bt = [&](int64_t kk, int64_t j) {
             return mha::to_float(tb == mha::Transpose::no ? b[static_cast<size_t>(kk * ldb + j)] : b[static_cast<size_t>(j * ldb + kk)]);
           };
-          std::optional<bg::ScopedFloat32Fallback> pin;
-          if (fallback) pin.emplace();
+          const bg::ScopedPath pin(path);
           std::vector<bfloat16> one = c0, two = c0;
           const int saved = omp_get_max_threads();
           omp_set_num_threads(1);
@@ -316,7 +319,7 @@ TEST(Bf16Gemm, BlasStyleGemmRoundsOnce) {
               }
               const double f = gamma * magnitude, bound = f + std::ldexp(1.0, -8) * (std::abs(exact) + f) + 1e-37;
               ASSERT_LE(std::abs(mha::to_float(one[i]) - exact), bound)
-                  << (fallback ? "fallback" : "bf16") << (ta == mha::Transpose::yes ? " Aᵀ" : " A")
+                  << bg::name(path) << (ta == mha::Transpose::yes ? " Aᵀ" : " A")
                   << (tb == mha::Transpose::yes ? " Bᵀ" : " B") << " beta " << beta << ", row " << r << ", column " << j;
             }
         }

@@ -342,15 +342,18 @@ void run_decode_bench(const BenchArgs& args) {
 }
 
 // Attention's tile products, one thread, operands in cache (a tile's reuse within a block): the
-// float32 panel micro-kernel against bf16 × bf16 → float (bf16_gemm.h) on the CPU's bf16
-// instructions, where it has them, and on the float32 fallback a CPU without them takes.
+// float32 panel micro-kernel against bf16 × bf16 → float (bf16_gemm.h) on each path this CPU
+// runs: AMX tiles, VDPBF16PS, and the float32 fallback a CPU without either takes.
 void run_gemm_bench(const BenchArgs& args) {
   nlohmann::json report;
-  const bool native = bf16_gemm::native();
+  const std::vector<bf16_gemm::Path> paths = bf16_gemm::paths();
   std::printf("mha bench --gemm: one thread; GFLOP/s of C (m x n, float) = A (m x k) . B (k x n)\n"
-              "bf16 instructions (AVX512_BF16, libxsmm): %s\n\n%-26s %5s %5s %5s %10s %10s %10s\n",
-              native ? "yes" : "no (the float32 fallback runs)", "tile", "m", "n", "k", "float32", "bf16",
-              "bf16 fb");
+              "bf16 paths on this CPU (the last is the one taken):");
+  for (bf16_gemm::Path p : paths) std::printf(" [%s]", bf16_gemm::name(p));
+  std::printf("\n\n%-26s %5s %5s %5s %10s", "tile", "m", "n", "k", "float32");
+  const char* columns[] = {"bf16 fb", "bf16 vdp", "bf16 amx"};
+  for (bf16_gemm::Path p : paths) std::printf(" %10s", columns[static_cast<int>(p)]);
+  std::printf("\n");
   struct Shape3 {
     const char* name;
     size_t m, n, k;
@@ -375,22 +378,22 @@ void run_gemm_bench(const BenchArgs& args) {
     const double f32 = rate([&] {
       panel_gemm::multiply(t.m, t.n, t.k, {a.data(), t.k}, {b_panels.data(), W, t.k * W}, {c.data(), n_padded}, true);
     });
-    auto bf16 = [&] { bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), t.n, c.data(), n_padded, true); };
-    const double native_rate = native ? rate(bf16) : 0.0;
-    double fallback_rate;
-    {
-      bf16_gemm::ScopedFloat32Fallback pin;
-      fallback_rate = rate(bf16);
+    nlohmann::json row = {{"tile", t.name}, {"m", t.m}, {"n", t.n}, {"k", t.k}, {"float32_gflops", f32}};
+    std::printf("%-26s %5zu %5zu %5zu %10.1f", t.name, t.m, t.n, t.k, f32);
+    for (bf16_gemm::Path p : paths) {
+      bf16_gemm::ScopedPath pin(p);
+      const double r = rate([&] {
+        bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), t.n, c.data(), n_padded, true);
+      });
+      std::printf(" %10.1f", r);
+      row[std::string("bf16_") + (p == bf16_gemm::Path::float32 ? "fallback" : p == bf16_gemm::Path::amx ? "amx" : "vdpbf16ps") +
+          "_gflops"] = r;
     }
-    char native_text[32] = "-";
-    if (native) std::snprintf(native_text, sizeof native_text, "%.1f", native_rate);
-    std::printf("%-26s %5zu %5zu %5zu %10.1f %10s %10.1f\n", t.name, t.m, t.n, t.k, f32, native_text, fallback_rate);
+    std::printf("\n");
     std::fflush(stdout);
-    report["tiles"].push_back({{"tile", t.name}, {"m", t.m}, {"n", t.n}, {"k", t.k}, {"float32_gflops", f32},
-                               {"bf16_gflops", native ? nlohmann::json(native_rate) : nlohmann::json()},
-                               {"bf16_fallback_gflops", fallback_rate}});
+    report["tiles"].push_back(row);
   }
-  report["bf16_instructions"] = native;
+  report["bf16_path"] = bf16_gemm::name(bf16_gemm::path());
   write_report(report, args.json_path);
 }
 

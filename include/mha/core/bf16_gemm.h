@@ -2,21 +2,24 @@
 // Matrix products with bfloat16 operands and float32 results, for the tiles of attention in
 // bfloat16 (issue 26's building block): C (float) = or += A (bfloat16) · B (bfloat16).
 //
-// Where the CPU has AVX512_BF16 the products run on VDPBF16PS (two bf16 products into each float
-// lane, twice the float32 FMA's rate) through libxsmm's JIT kernels (Debian's libxsmm-dev, which
-// emits them for "cpx" and later targets); elsewhere, or when a test forces it, the operands are
-// widened to float and multiplied by the float32 panel micro-kernel (mha/core/panel_gemm.h). Both
+// Where the CPU has AMX-BF16 (Intel Sapphire Rapids on) the products run on its tiles
+// (TDPBF16PS: a 16 × 32 by 32 × 16 bf16 product per instruction); where it has AVX512_BF16 without
+// them (AMD Zen 4, Intel Cooper Lake), on VDPBF16PS (two bf16 products into each float lane, twice
+// the float32 FMA's rate on Zen 4) through libxsmm's JIT kernels (Debian's libxsmm-dev 1.17, which
+// emits them for "cpx" and knows no AMX); elsewhere, or when a test forces it, the operands are
+// widened to float and multiplied by the float32 panel micro-kernel (mha/core/panel_gemm.h). All
 // paths compute every product exactly (a bf16 × bf16 product fits a float) and add them in float:
 // they differ only in the order of the float additions.
 //
-// B is packed once per matrix (a kv head's keys or values) into the pair layout VDPBF16PS reads
-// (libxsmm's "VNNI" layout): rows kk and kk + 1 interleaved, B[kk][c] at
+// B is packed once per matrix (a kv head's keys or values) into the pair layout VDPBF16PS and the
+// AMX tiles read (libxsmm's "VNNI" layout): rows kk and kk + 1 interleaved, B[kk][c] at
 // packed[(kk / 2)·2n + 2c + kk % 2], k rounded up to even with a zero row. A is any row-major
 // bfloat16 matrix (a row stride, no copy).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "mha/core/half.h"
 #include "mha/core/tensor.h"
@@ -48,20 +51,36 @@ using RowSegment = std::function<void(int64_t row, int64_t col, float* values, i
 void multiply_blocks(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const bfloat16* b_packed,
                      size_t ldb, const RowSegment& finish);
 
-// Whether multiply runs on the CPU's bf16 instructions (false: the float32 fallback).
+// How multiply computes, best last: the float32 fallback (operands widened, panel micro-kernel);
+// VDPBF16PS through libxsmm (AVX512_BF16: AMD Zen 4, Intel Cooper Lake on); Intel's AMX tiles
+// (TDPBF16PS: Sapphire Rapids on, where VDPBF16PS is measured at half the float32 FMA's rate and
+// the tiles at several times it; docs/bfloat16.md). All compute every product exactly and add in
+// float; they differ in the order of the additions.
+enum class Path { float32 = 0, vdpbf16ps = 1, amx = 2 };
+// The paths this CPU (and its kernel) can run, float32 first, the best last.
+std::vector<Path> paths();
+// The path multiply takes now: the best, or lower while a ScopedPath lives.
+Path path();
+const char* name(Path p);
+// Whether multiply runs on the CPU's bf16 instructions (path() is not float32).
 bool native();
 
-// Forces the float32 fallback while it lives (tests of the path a CPU without AVX512_BF16 takes);
-// not thread-safe against concurrent multiply calls.
-class ScopedFloat32Fallback {
+// Caps the path at `limit` while it lives (tests of each path, and of the path a CPU without the
+// bf16 instructions takes); not thread-safe against concurrent multiply calls.
+class ScopedPath {
  public:
-  ScopedFloat32Fallback();
-  ~ScopedFloat32Fallback();
-  ScopedFloat32Fallback(const ScopedFloat32Fallback&) = delete;
-  ScopedFloat32Fallback& operator=(const ScopedFloat32Fallback&) = delete;
+  explicit ScopedPath(Path limit);
+  ~ScopedPath();
+  ScopedPath(const ScopedPath&) = delete;
+  ScopedPath& operator=(const ScopedPath&) = delete;
 
  private:
-  bool saved_;
+  Path saved_;
+};
+// The float32 fallback while it lives.
+class ScopedFloat32Fallback : public ScopedPath {
+ public:
+  ScopedFloat32Fallback() : ScopedPath(Path::float32) {}
 };
 
 // y = x·Wᵀ + b with x and y in bfloat16: torch.nn.Linear's weight (out_features, in_features)
