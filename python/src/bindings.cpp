@@ -422,7 +422,10 @@ NB_MODULE(_mha, m) {
   define_module<mha::bfloat16>(m, "_bfloat16");
   define_module<mha::float16>(m, "_float16");
   m.def("bf16_native", &mha::bf16_gemm::native,
-        "Whether bfloat16 attention's products run on the CPU's bf16 instructions (AVX512_BF16) here.");
+        "Whether bfloat16 attention's products run on the CPU's bf16 instructions (AMX or AVX512_BF16) here.");
+  m.def(
+      "bf16_path", [] { return std::string(mha::bf16_gemm::name(mha::bf16_gemm::path())); },
+      "What bfloat16's products run on here: AMX tiles, VDPBF16PS or float32 (operands widened).");
   // mha::models::SentenceEncoder: loading (the directory's files) and encode, the GIL released.
   nb::class_<mha::models::SentenceEncoder>(m, "SentenceEncoder")
       .def(

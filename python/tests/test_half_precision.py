@@ -256,3 +256,10 @@ def test_multihead_attention_module_within_twice_pytorchs_error(dtype, case):
         e_mine, e_torch = _error(a, c), _error(b, c)
         assert e_mine <= 2 * e_torch, f"{case} {name}: mha's error {e_mine:.3g} > 2x PyTorch's {e_torch:.3g}"
 
+
+
+def test_bf16_path_names_what_the_products_run_on():
+    from mha import _mha
+    path = _mha.bf16_path()
+    assert path in ("AMX tiles (TDPBF16PS)", "AVX512_BF16 (VDPBF16PS, libxsmm)", "float32 (operands widened)"), path
+    assert _mha.bf16_native() == (path != "float32 (operands widened)")

@@ -6,7 +6,7 @@ Shapes (B, H, L = S, d) = (4, 8, 2048, 64) and (4, 8, 2048, 128), causal and not
 (inference mode) and forward + backward (gradients of query, key and value). The compared calls
 take turns round after round (bench_variants.interleaved: the machine's bursts meet them all
 alike); medians. mha in bfloat16 runs its products on the CPU's bf16 instructions where it has
-AVX512_BF16 (libxsmm's VDPBF16PS kernels) and says so. Writes <build>/bench/bfloat16.json.
+AMX (TDPBF16PS tiles) or AVX512_BF16 (libxsmm's VDPBF16PS kernels) and says which. Writes <build>/bench/bfloat16.json.
 
     python3 scripts/bench/bench_bfloat16.py [build dir] [--quick]   (--quick: d = 64, causal, 2 rounds)
 """
@@ -39,10 +39,11 @@ def main():
         "torch float32": (F.scaled_dot_product_attention, torch.float32),
     }
     print(f"bfloat16 SDPA beside float32 and PyTorch {torch.__version__}, {threads} threads; mha's bf16 products on "
-          f"{'the CPU bf16 instructions (VDPBF16PS)' if _mha.bf16_native() else 'float32 (no AVX512_BF16 here)'}")
+          f"{_mha.bf16_path()}")
     print(f"{'shape (B, H, L, d)':20} {'causal':6} {'pass':8} | " + " ".join(f"{n:>15}" for n in calls) +
           f" | {'vs mha f32':>10} {'vs torch bf16':>13}")
-    report = {"threads": threads, "torch_version": torch.__version__, "bf16_native": _mha.bf16_native(), "rows": []}
+    report = {"threads": threads, "torch_version": torch.__version__, "bf16_native": _mha.bf16_native(),
+              "bf16_path": _mha.bf16_path(), "rows": []}
     for B, H, L, d in shapes:
         g = torch.Generator().manual_seed(0)
         base = [torch.randn(B, H, L, d, generator=g) for _ in range(4)]

@@ -11,7 +11,8 @@
 //   - bfloat16 on the CPU's bf16 instructions (products in bf16, P rounded to bfloat16 for P·V)
 //     against the reference in double, within a bound derived from those roundings; with value
 //     heads of another size its backward is the float call's rounded once;
-//   - the same on every SIMD target, and bitwise the same for 1 and 2 threads on both paths;
+//   - the same on every SIMD target and each path of the products (AMX tiles, VDPBF16PS, float32),
+//     and bitwise the same for 1 and 2 threads on each;
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
 // The accuracy bar against PyTorch's own bfloat16/float16 SDPA is in python/tests (test_half_precision.py).
 #include <gtest/gtest.h>
@@ -106,7 +107,7 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
 // probabilities themselves); logsumexp (from the float P) within float's error. Where the CPU has
 // no AVX512_BF16 this is the fallback's path, which meets the same bounds.
 void check_bf16_products(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(std::string("bf16 products") + (bf16_gemm::native() ? "" : " (fallback)") + ":" + c.describe());
+  SCOPED_TRACE(std::string("bf16 products on ") + bf16_gemm::name(bf16_gemm::path()) + ": " + c.describe());
   Inputs in = make_inputs(c, seed);
   round_inputs<bfloat16>(in);
   const Results<bfloat16> h = run<bfloat16>(c, in, Backend::cpu_flash);
@@ -187,13 +188,18 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   // The last length is past kLongKeys (blocks.h): the forward's shared pack, the backward's two
   // sweeps over key segments.
   const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
-  for (int n = 0; n < 28; ++n) {
-    // Query and value heads of one size in every other case: the backward runs on the bf16 pairs
-    // only then (of other sizes it is the float call's, below).
-    const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
-    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
-    vary_options(c, n, heads, 3);
-    check_bf16_products(c, 900 + static_cast<uint64_t>(n));
+  // Each path the products can take here (AMX tiles and VDPBF16PS where the CPU has both).
+  for (bf16_gemm::Path path : bf16_gemm::paths()) {
+    if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
+    const bf16_gemm::ScopedPath pin(path);
+    for (int n = 0; n < 28; ++n) {
+      // Query and value heads of one size in every other case: the backward runs on the bf16 pairs
+      // only then (of other sizes it is the float call's, below).
+      const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
+      Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
+      vary_options(c, n, heads, 3);
+      check_bf16_products(c, 900 + static_cast<uint64_t>(n));
+    }
   }
 }
 
@@ -260,7 +266,7 @@ TEST(HalfPrecision, Bf16SoftmaxExponentialWithinFloatsError) {
             << "row " << i << ": a·σ = " << x << ", logsumexp " << r.logsumexp[i];
         worst = std::max(worst, std::abs(r.logsumexp[i] - want) / bound);
       }
-      std::cout << "[bf16 softmax exp] " << target << (bf16_gemm::native() ? ", bf16 instructions" : ", float products")
+      std::cout << "[bf16 softmax exp] " << target << ", " << bf16_gemm::name(bf16_gemm::path())
                 << ": largest error " << worst << " of the bound\n";
     }
 }
@@ -320,9 +326,9 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);
   const int threads = omp_get_max_threads();
-  for (bool native : {false, true}) {
-    std::optional<bf16_gemm::ScopedFloat32Fallback> float_products;
-    if (!native) float_products.emplace();
+  for (bf16_gemm::Path path : bf16_gemm::paths()) {
+    SCOPED_TRACE(bf16_gemm::name(path));
+    const bf16_gemm::ScopedPath pin(path);
     omp_set_num_threads(1);
     const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
     omp_set_num_threads(2);
