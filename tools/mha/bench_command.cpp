@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend_option.h"
@@ -374,8 +375,10 @@ void run_gemm_bench(const BenchArgs& args) {
               "bf16 paths on this CPU (the last is the one taken):");
   for (bf16_gemm::Path p : paths) std::printf(" [%s]", bf16_gemm::name(p));
   std::printf("\n\n%-26s %5s %5s %5s %10s", "tile", "m", "n", "k", "float32");
-  const char* columns[] = {"bf16 fb", "bf16 vdp", "bf16 amx"};
-  for (bf16_gemm::Path p : paths) std::printf(" %10s", columns[static_cast<int>(p)]);
+  // Each path's column and JSON key, by Path's value.
+  const std::pair<const char*, const char*> columns[] = {
+      {"bf16 fb", "bf16_fallback_gflops"}, {"bf16 vdp", "bf16_vdpbf16ps_gflops"}, {"bf16 amx", "bf16_amx_gflops"}};
+  for (bf16_gemm::Path p : paths) std::printf(" %10s", columns[static_cast<int>(p)].first);
   std::printf("\n");
   struct Shape3 {
     const char* name;
@@ -409,8 +412,7 @@ void run_gemm_bench(const BenchArgs& args) {
         bf16_gemm::multiply(t.m, t.n, t.k, a16.data(), t.k, b_pairs.data(), t.n, c.data(), n_padded, true);
       });
       std::printf(" %10.1f", r);
-      row[std::string("bf16_") + (p == bf16_gemm::Path::float32 ? "fallback" : p == bf16_gemm::Path::amx ? "amx" : "vdpbf16ps") +
-          "_gflops"] = r;
+      row[columns[static_cast<int>(p)].second] = r;
     }
     std::printf("\n");
     std::fflush(stdout);

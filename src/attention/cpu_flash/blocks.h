@@ -51,8 +51,8 @@ constexpr size_t kBackwardKeySegment = 4096;
 static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
 static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
 
-// Whether a call's products run on bf16 pairs (bf16_gemm's VDPBF16PS kernels) rather than on float
-// panels, the operands widened as packed:
+// Whether a call's products run on bf16 pairs (bf16_gemm's AMX or VDPBF16PS kernels) rather than
+// on float panels, the operands widened as packed:
 // - forward: bfloat16 queries, keys and values on a CPU with the bf16 instructions;
 // - backward: the same, and query and value heads of one size. Where the sizes differ PyTorch's
 //   SDPA has no fused kernel and computes bfloat16 in float32 (its math backend upcasts), so its
