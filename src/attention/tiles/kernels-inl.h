@@ -45,11 +45,13 @@ HWY_INLINE size_t round_up_to(size_t x, size_t multiple) { return (x + multiple 
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// The degree-6 polynomial c (highest degree first) at f, times 2ⁿ where t holds n + 127 in its low
-// mantissa bits, and 0 where x < cutoff: the two exponentials' common end.
+// The degree-6 polynomial c (highest degree first) at f, times 2ⁿ (n a whole number, as a float;
+// t holds n + 127 in its low mantissa bits), and 0 where x < cutoff: the two exponentials' common
+// end. On the AVX-512 targets 2ⁿ is VSCALEFPS (one instruction, exact: the same result); elsewhere
+// the exponent field is built from t and multiplied (two). The one operation fewer per vector
+// took the bfloat16 forward at (4, 8, 2048, 64), causal, from 22.0 to 21.2–21.8 ms (Intel, AMX).
 using Coefficients = float[7];
-HWY_INLINE VF PolynomialTimesPow2(DF d, VF f, VF t, const Coefficients& c, VF x, float cutoff) {
-  const hn::RebindToSigned<DF> di;
+HWY_INLINE VF PolynomialTimesPow2(DF d, VF f, VF n, VF t, const Coefficients& c, VF x, float cutoff) {
   VF poly = hn::Set(d, c[0]);
   poly = hn::MulAdd(poly, f, hn::Set(d, c[1]));
   poly = hn::MulAdd(poly, f, hn::Set(d, c[2]));
@@ -57,8 +59,15 @@ HWY_INLINE VF PolynomialTimesPow2(DF d, VF f, VF t, const Coefficients& c, VF x,
   poly = hn::MulAdd(poly, f, hn::Set(d, c[4]));
   poly = hn::MulAdd(poly, f, hn::Set(d, c[5]));
   poly = hn::MulAdd(poly, f, hn::Set(d, c[6]));
-  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, cutoff)), hn::Mul(poly, two_to_n));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)t;
+  const VF scaled{_mm512_scalef_ps(poly.raw, n.raw)};
+#else
+  (void)n;
+  const hn::RebindToSigned<DF> di;
+  const VF scaled = hn::Mul(poly, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t))));
+#endif
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, cutoff)), scaled);
 }
 
 constexpr float kMagic = 12583039.0f;  // 1.5·2²³ + 127
@@ -90,7 +99,7 @@ HWY_INLINE VF ExpOfNonPositive(DF d, VF x) {
   const VF n = hn::Sub(t, magic);
   VF f = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
   f = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), f);
-  return PolynomialTimesPow2(d, f, t, kExpCoefficients, x, -80.0f);
+  return PolynomialTimesPow2(d, f, n, t, kExpCoefficients, x, -80.0f);
 }
 
 // 2ˣ for x <= 0 (up to rounding), the same computation with the argument in base 2: the bfloat16
@@ -112,8 +121,8 @@ constexpr Coefficients kExp2Coefficients = {0.00015353361959569156f, 0.001339887
 HWY_INLINE VF Exp2OfNonPositive(DF d, VF x) {
   const VF magic = hn::Set(d, kMagic);
   const VF t = hn::Add(x, magic);
-  const VF f = hn::Sub(x, hn::Sub(t, magic));
-  return PolynomialTimesPow2(d, f, t, kExp2Coefficients, x, -115.0f);
+  const VF n = hn::Sub(t, magic);
+  return PolynomialTimesPow2(d, hn::Sub(x, n), n, t, kExp2Coefficients, x, -115.0f);
 }
 
 // c·tanh(x / c), the soft-cap (Scoring::softcap; the reference's c * std::tanh(x / c)). Not Highway's
@@ -157,6 +166,21 @@ HWY_INLINE void StoreBF16(DF d, VF v, bfloat16* p) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 #else
   mha::HWY_NAMESPACE::StoreAsBFloat16(d, v, p);
+#endif
+}
+
+// a's lanes then b's as bfloat16 at p (2N numbers), each rounded as StoreBF16 rounds it: on the
+// AVX-512 targets one VCVTNE2PS2BF16 and one store, where two StoreBF16 take two conversions and
+// two stores.
+HWY_INLINE void StoreBF16Two(DF d, VF a, VF b, bfloat16* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)d;
+  __m512i both;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(both) : "v"(b.raw), "v"(a.raw));
+  _mm512_storeu_si512(p, both);
+#else
+  StoreBF16(d, a, p);
+  StoreBF16(d, b, p + hn::Lanes(d));
 #endif
 }
 
@@ -299,27 +323,35 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
     float* s = t.scores + r * t.stride;
     const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
     const VF vshift = hn::Set(d, shift[r]), vscale = hn::Set(d, scale), log2e = hn::Set(d, kLog2e);
-    // p at column c0, stored (times the dropout factor) and returned (without it).
+    // p at column c0 (returned) and, times the dropout factor, what P·V multiplies (kept).
     bfloat16* s_bf16 = t.probs_bf16 ? t.probs_bf16 + r * t.stride : nullptr;
-    auto probability = [&](size_t c0) {
+    auto probability = [&](size_t c0, VF& kept) {
       const VF x = hn::LoadU(d, s + c0);
       const VF prob = base2 ? Exp2OfNonPositive(d, hn::Mul(hn::MulSub(x, vscale, vshift), log2e))
                             : ExpOfNonPositive(d, hn::Sub(x, vshift));
-      const VF kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
-      if (s_bf16) {
-        StoreBF16(d, kept, s_bf16 + c0);
-      } else {
-        hn::StoreU(kept, d, s + c0);
-      }
+      kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
       return prob;
     };
-    VF sum0 = hn::Zero(d), sum1 = sum0;  // two sums halve the dependency chain of Add
+    VF sum0 = hn::Zero(d), sum1 = sum0, kept0, kept1;  // two sums halve the dependency chain of Add
     size_t c0 = 0;
     for (; c0 + 2 * N <= padded; c0 += 2 * N) {
-      sum0 = hn::Add(sum0, probability(c0));
-      sum1 = hn::Add(sum1, probability(c0 + N));
+      sum0 = hn::Add(sum0, probability(c0, kept0));
+      sum1 = hn::Add(sum1, probability(c0 + N, kept1));
+      if (s_bf16) {
+        StoreBF16Two(d, kept0, kept1, s_bf16 + c0);
+      } else {
+        hn::StoreU(kept0, d, s + c0);
+        hn::StoreU(kept1, d, s + c0 + N);
+      }
     }
-    if (c0 < padded) sum0 = hn::Add(sum0, probability(c0));
+    if (c0 < padded) {
+      sum0 = hn::Add(sum0, probability(c0, kept0));
+      if (s_bf16) {
+        StoreBF16(d, kept0, s_bf16 + c0);
+      } else {
+        hn::StoreU(kept0, d, s + c0);
+      }
+    }
     row_sum[r] = static_cast<double>(alpha[r]) * row_sum[r] +
                  static_cast<double>(hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1))));
     if (alpha[r] != 1.0f) {
