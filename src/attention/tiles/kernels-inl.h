@@ -169,15 +169,22 @@ HWY_INLINE void StoreBF16(DF d, VF v, bfloat16* p) {
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// a's lanes (the low half) and b's (the high half) as bfloat16, each rounded as StoreBF16 rounds
+// it: one VCVTNE2PS2BF16.
+HWY_INLINE __m512i BF16Halves(VF a, VF b) {
+  __m512i halves;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(b.raw), "v"(a.raw));
+  return halves;
+}
+#endif
+
 // a's lanes then b's as bfloat16 at p (2N numbers), each rounded as StoreBF16 rounds it: on the
-// AVX-512 targets one VCVTNE2PS2BF16 and one store, where two StoreBF16 take two conversions and
-// two stores.
+// AVX-512 targets one conversion and one store (BF16Halves), where two StoreBF16 take two of each.
 HWY_INLINE void StoreBF16Two(DF d, VF a, VF b, bfloat16* p) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   (void)d;
-  __m512i both;
-  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(both) : "v"(b.raw), "v"(a.raw));
-  _mm512_storeu_si512(p, both);
+  _mm512_storeu_si512(p, BF16Halves(a, b));
 #else
   StoreBF16(d, a, p);
   StoreBF16(d, b, p + hn::Lanes(d));
@@ -186,23 +193,18 @@ HWY_INLINE void StoreBF16Two(DF d, VF a, VF b, bfloat16* p) {
 
 // a's and b's lanes as bfloat16 pairs at p, p[2i] = a[i] and p[2i + 1] = b[i] (bf16_gemm's layout
 // of rows 2k and 2k + 1 of a B operand), each rounded as StoreBF16 rounds it. On the AVX-512
-// targets VCVTNE2PS2BF16 (a in the low half, b in the high) and one VPERMW that interleaves the
-// halves.
+// targets BF16Halves and one VPERMW that interleaves the halves.
 HWY_INLINE void StoreBF16Pairs(DF d, VF a, VF b, bfloat16* p) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   (void)d;
-  __m512i halves;
-  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(b.raw), "v"(a.raw));
   alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
                                                            21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i pairs = _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), halves);
-  _mm512_storeu_si512(p, pairs);
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), BF16Halves(a, b)));
 #else
   const size_t N = hn::Lanes(d);
   HWY_ALIGN bfloat16 lanes[2 * hn::MaxLanes(d)];
-  StoreBF16(d, a, lanes);
-  StoreBF16(d, b, lanes + N);
+  StoreBF16Two(d, a, b, lanes);
   for (size_t i = 0; i < N; ++i) {
     p[2 * i] = lanes[i];
     p[2 * i + 1] = lanes[N + i];
@@ -332,25 +334,29 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
       kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
       return prob;
     };
+    // kept at column c0, in bfloat16 for P·V or over the scores.
+    auto store = [&](size_t c0, VF kept) {
+      if (s_bf16) {
+        StoreBF16(d, kept, s_bf16 + c0);
+      } else {
+        hn::StoreU(kept, d, s + c0);
+      }
+    };
     VF sum0 = hn::Zero(d), sum1 = sum0, kept0, kept1;  // two sums halve the dependency chain of Add
     size_t c0 = 0;
     for (; c0 + 2 * N <= padded; c0 += 2 * N) {
       sum0 = hn::Add(sum0, probability(c0, kept0));
       sum1 = hn::Add(sum1, probability(c0 + N, kept1));
       if (s_bf16) {
-        StoreBF16Two(d, kept0, kept1, s_bf16 + c0);
+        StoreBF16Two(d, kept0, kept1, s_bf16 + c0);  // one conversion for both
       } else {
-        hn::StoreU(kept0, d, s + c0);
-        hn::StoreU(kept1, d, s + c0 + N);
+        store(c0, kept0);
+        store(c0 + N, kept1);
       }
     }
     if (c0 < padded) {
       sum0 = hn::Add(sum0, probability(c0, kept0));
-      if (s_bf16) {
-        StoreBF16(d, kept0, s_bf16 + c0);
-      } else {
-        hn::StoreU(kept0, d, s + c0);
-      }
+      store(c0, kept0);
     }
     row_sum[r] = static_cast<double>(alpha[r]) * row_sum[r] +
                  static_cast<double>(hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1))));
