@@ -177,6 +177,11 @@ class Layout:
         """Its 4-D shape (B, h * r, n, d) for mha."""
         return self.flat_shapes[name]
 
+    def broadcasts(self):
+        """Whether some input is broadcast over the batch or repeated over the heads (its gradient
+        a sum over the copies)."""
+        return any(math.prod(self.expanded(n)) != math.prod(self.padded[n]) for n in ("query", "key", "value"))
+
 
 # Layouts of concrete shapes, reused: most programs call attention with a handful of shapes, and
 # working one out costs more than the rest of the Python side of a small call. (The fake kernels
@@ -262,9 +267,10 @@ def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
             raise ArgumentError("attn_mask: expected None when is_causal=True (PyTorch's rule: the causal "
                                 "mask replaces it), got a mask")
         attn_mask = _array("attn_mask", attn_mask)
-        if attn_mask.dtype != np.bool_ and attn_mask.dtype != dtype:
-            raise ArgumentTypeError(f"attn_mask: expected dtype bool (True = may attend) or {dtype} (added to the "
-                                    f"scores), got {attn_mask.dtype}")
+        if attn_mask.dtype not in (np.bool_, dtype) and not (dtype in _HALF and attn_mask.dtype == np.float32):
+            also = " or float32" if dtype in _HALF else ""
+            raise ArgumentTypeError(f"attn_mask: expected dtype bool (True = may attend) or {dtype}{also} (added to "
+                                    f"the scores), got {attn_mask.dtype}")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ArgumentError(f"dropout_p: expected a probability in [0, 1], got {dropout_p!r}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
@@ -291,6 +297,23 @@ def _masks(layout, attn_mask):
     flat = (layout.batch_size, layout.heads, layout.query_len, layout.key_len)
     mask = np.broadcast_to(viewable(attn_mask), full).reshape(flat)
     return (mask, None) if mask.dtype == np.bool_ else (None, mask)
+
+
+def _widened(x):
+    """A half array widened to float32 (None and bool masks as they are)."""
+    return None if x is None or x.dtype == np.bool_ else np.asarray(x).astype(np.float32)
+
+
+def _as_float_call(dtype, attn_mask, layout=None):
+    """Whether a bfloat16/float16 call runs as the float call on its widened values, each result
+    rounded once, where PyTorch's SDPA computes in float too: with a float32 attn_mask (added to the
+    scores in float: rounded to the half type, a mask would add its rounding to every score), and,
+    given the layout (the backward), with an input broadcast over the batch or repeated over the
+    heads (PyTorch's math backend takes those shapes in float32; in the half type each copy's
+    gradient would be rounded before the sum over the copies, and the sum after each addition:
+    measured up to 4x PyTorch's error, against 1x this way)."""
+    return dtype in _HALF and ((attn_mask is not None and attn_mask.dtype == np.float32)
+                               or (layout is not None and layout.broadcasts()))
 
 
 def _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap):
@@ -367,6 +390,12 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
     variants = Variants(query.dtype, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    if _as_float_call(query.dtype, attn_mask):
+        output, logsumexp, weights = forward(
+            _widened(query), _widened(key), _widened(value), attn_mask, dropout_p, causal, scale, enable_gqa,
+            dropout_seed, num_threads, window_size, softcap, _widened(variants.sinks),
+            _widened(variants.alibi_slopes), cu_seqlens_q, cu_seqlens_k, need_weights)
+        return output.astype(query.dtype), logsumexp, None if weights is None else weights.astype(query.dtype)
     attend, additive = _masks(layout, attn_mask)
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
@@ -407,6 +436,12 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
+    if _as_float_call(query.dtype, attn_mask, layout):
+        grads = backward(_widened(grad_output), _widened(query), _widened(key), _widened(value), _widened(output),
+                         logsumexp, _widened(attn_mask), dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
+                         window_size, softcap, _widened(variants.sinks), _widened(variants.alibi_slopes),
+                         cu_seqlens_q, cu_seqlens_k)
+        return tuple(g.astype(query.dtype) for g in grads)
     attend, additive = _masks(layout, attn_mask)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
@@ -439,7 +474,7 @@ def merge_attention_states(outputs, logsumexps):
         name = "ab"[n] if n < 2 else str(n)
         out = _check_like(f"output_{name}", out, shape, first.dtype)
         lse = _array(f"lse_{name}", lse)
-        if tuple(lse.shape) != tuple(shape[:-1]) or not np.issubdtype(lse.dtype, np.floating):
+        if tuple(lse.shape) != tuple(shape[:-1]) or not (np.issubdtype(lse.dtype, np.floating) or lse.dtype == BFLOAT16):
             raise ArgumentError(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
                                 f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
                                 f"{lse.dtype}")

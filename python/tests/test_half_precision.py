@@ -53,9 +53,16 @@ SDPA_CASES = {
     "causal": dict(is_causal=True),
     "bool mask": dict(mask="bool"),
     "additive mask": dict(mask="additive"),
+    # A float32 mask with half inputs, which PyTorch adds in float.
+    "float32 additive mask": dict(mask="float32"),
     "window 48, causal": dict(window_size=(48, 0), is_causal=True),
     # PyTorch has no fused kernel for value heads of another size: it computes them in float32.
     "value heads of 40": dict(value_dim=40),
+    # Nor for inputs broadcast over the batch or repeated over the heads (the gradients are sums
+    # over the copies).
+    "key and value broadcast over the batch": dict(take=lambda q, k, v: (q, k[:1], v[:1])),
+    "query broadcast over the batch": dict(take=lambda q, k, v: (q[:1], k, v)),
+    "one key head, two value heads": dict(take=lambda q, k, v: (q, k[:, :1], v)),
 }
 
 
@@ -65,9 +72,11 @@ def test_sdpa_within_twice_pytorchs_error(dtype, case):
     L, S = 130, 200
     spec = SDPA_CASES[case]
     q, k, v, dout = _inputs(dtype, L=L, S=S, Dv=spec.get("value_dim"))
+    q, k, v = spec.get("take", lambda *x: x)(q, k, v)
     g = torch.Generator().manual_seed(5)
     mask = {"bool": lambda: torch.rand(L, S, generator=g) > 0.3,
-            "additive": lambda: (torch.randn(2, 1, L, S, generator=g) * 0.5).to(dtype)}.get(spec.get("mask"), lambda: None)()
+            "additive": lambda: (torch.randn(2, 1, L, S, generator=g) * 0.5).to(dtype),
+            "float32": lambda: torch.randn(2, 1, L, S, generator=g) * 4}.get(spec.get("mask"), lambda: None)()
     causal, window = spec.get("is_causal", False), spec.get("window_size", (-1, -1))
     torch_mask, torch_causal = mask, causal
     if window != (-1, -1):  # PyTorch has no window: the keys it leaves (top-left causal) as a bool mask
@@ -79,7 +88,9 @@ def test_sdpa_within_twice_pytorchs_error(dtype, case):
                                                       window_size=window)
 
     def theirs(q, k, v):  # in q's dtype: the half type, or float64 on the same values
-        m = torch_mask if torch_mask is None or torch_mask.dtype == torch.bool else torch_mask.to(q.dtype)
+        m = torch_mask
+        if m is not None and m.dtype != torch.bool and (m.dtype != torch.float32 or q.dtype == torch.float64):
+            m = m.to(q.dtype)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=torch_causal,
                                                                 enable_gqa=True)
 
@@ -175,6 +186,13 @@ def test_flash_attn_varlen_and_merge_in_bfloat16():
     (a, lse_a, _), (b, lse_b, _) = parts
     merged, _ = mha.torch.merge_attention_states(a.transpose(1, 2), lse_a, b.transpose(1, 2), lse_b)
     assert merged.dtype == torch.bfloat16
+    # A log-sum-exp in bfloat16 (or float16) is taken as its values.
+    for dtype in (torch.bfloat16, torch.float16):
+        rounded = [x.to(dtype) for x in (lse_a, lse_b)]
+        half_lse, _ = mha.torch.merge_attention_states(a.transpose(1, 2), rounded[0], b.transpose(1, 2), rounded[1])
+        float_lse, _ = mha.torch.merge_attention_states(a.transpose(1, 2), rounded[0].float(), b.transpose(1, 2),
+                                                        rounded[1].float())
+        assert torch.equal(half_lse, float_lse), dtype
     assert _error(merged.transpose(1, 2), whole.double()) <= 2 ** -7 * whole.double().abs().max().item()
 
 
@@ -191,9 +209,15 @@ def test_numpy_half_arrays(dtype):
          for x in (q, k, v)]
     same = mha.torch.scaled_dot_product_attention(*t, is_causal=True)
     assert np.array_equal(out.astype(np.float32), same.float().numpy())
-    # The mask's dtype is the query's or bool.
-    with pytest.raises(mha.ArgumentTypeError, match=r"attn_mask: expected dtype bool .* or (float16|bfloat16)"):
-        mha.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((30, 40), np.float32))
+    # The mask's dtype is bool, the query's, or float32 (PyTorch's rule: added in float; the call is
+    # then the float call on the widened values, rounded once).
+    mask = rng.standard_normal((30, 40)).astype(np.float32)
+    out = mha.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    widened = mha.scaled_dot_product_attention(*(x.astype(np.float32) for x in (q, k, v)), attn_mask=mask)
+    assert out.dtype == np.dtype(dtype) and np.array_equal(out, widened.astype(dtype))
+    with pytest.raises(mha.ArgumentTypeError, match=r"attn_mask: expected dtype bool .* or (float16|bfloat16) or "
+                                                    r"float32 \(added to the scores\), got float64"):
+        mha.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((30, 40), np.float64))
     with pytest.raises(mha.ArgumentTypeError, match="key, value: expected the dtype of query"):
         mha.scaled_dot_product_attention(q, k.astype(np.float32), v)
 

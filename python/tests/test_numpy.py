@@ -153,6 +153,13 @@ def test_no_queries():
     np.testing.assert_array_equal(dv, np.zeros_like(v))
 
 
+def test_no_heads():  # PyTorch returns empty results
+    q, k, v = randn(2, 0, 4, 4), randn(2, 0, 5, 4), randn(2, 0, 5, 6)
+    assert mha.scaled_dot_product_attention(q, k, v).shape == (2, 0, 4, 6)
+    grads = mha.scaled_dot_product_attention_backward(randn(2, 0, 4, 6), q, k, v)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
 def test_no_keys():
     q, k, v = randn(2, 3, 4, 4), randn(2, 3, 0, 4), randn(2, 3, 0, 6)
     out = mha.scaled_dot_product_attention(q, k, v)

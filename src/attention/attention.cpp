@@ -135,7 +135,8 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
         v);
   check(k[3] == q[3], "key: expected head size ", q[3], " (as query ", q, "), got ",
         k);
-  check(k[1] > 0 && q[1] % k[1] == 0, "key: number of key/value heads must divide the ", q[1],
+  // (No heads at all is an empty call, as in PyTorch.)
+  check(k[1] > 0 ? q[1] % k[1] == 0 : q[1] == 0, "key: number of key/value heads must divide the ", q[1],
         " query heads (grouped-query attention), got ", k[1]);
   // The sizes the call works with, checked before anything is allocated: the output
   // (B, Hq, L, Dv), the logsumexp (B, Hq, L) and the score matrix (B, Hq, L, S), whose element

@@ -87,7 +87,7 @@ struct Problem {
   const WholeCall& whole() const { return settings.whole_call; }
   // The number of sequences: B, or the packed ones.
   int64_t sequences() const { return packed.present() ? packed.count : batch; }
-  int64_t group_size() const { return query_heads / kv_heads; }
+  int64_t group_size() const { return kv_heads > 0 ? query_heads / kv_heads : 1; }  // 1 for a call with no heads
   bool dropout() const { return settings.dropout_p > 0.0; }
   // The sequence of query row i of batch b (Sequence).
   Sequence sequence_of(int64_t b, int64_t i) const {

@@ -50,7 +50,7 @@ AttentionClassifier<T>::AttentionClassifier(const AttentionClassifierConfig& con
   if (config_.input_projection) input_projection_.emplace(config_.input_dim, E, gen);
   if (config_.learned_positions) {
     positions_ = Tensor<T>({1, L, E});
-    for (auto& v : positions_.values()) v = static_cast<T>(gen.normal(0.0, 0.02));
+    for (auto& v : positions_.values()) v = narrow<T>(gen.normal(0.0, 0.02));
     grad_positions_ = Tensor<T>(positions_.shape());
   }
   nn::MultiheadAttentionOptions options;

@@ -188,7 +188,7 @@ MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& optio
   // kaiming_uniform_(a=√5) = U(±1/√fan_in), xavier_normal_ for bias_k/bias_v.
   auto uniform = [&](Shape shape, double bound) {
     Param p{Tensor<T>(shape), Tensor<T>(shape)};
-    for (auto& x : p.value.values()) x = static_cast<T>(generator_.uniform(-bound, bound));
+    for (auto& x : p.value.values()) x = narrow<T>(generator_.uniform(-bound, bound));
     return p;
   };
   auto xavier_uniform = [&](int64_t rows, int64_t cols) {
@@ -209,7 +209,7 @@ MultiheadAttention<T>::MultiheadAttention(const MultiheadAttentionOptions& optio
     const double stddev = std::sqrt(1.0 / static_cast<double>(e));
     for (Param* p : {&bias_k_, &bias_v_}) {
       *p = {Tensor<T>({1, 1, e}), Tensor<T>({1, 1, e})};
-      for (auto& x : p->value.values()) x = static_cast<T>(generator_.normal(0.0, stddev));
+      for (auto& x : p->value.values()) x = narrow<T>(generator_.normal(0.0, stddev));
     }
   }
 }

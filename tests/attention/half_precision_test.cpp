@@ -271,6 +271,64 @@ TEST(HalfPrecision, Bf16SoftmaxExponentialWithinFloatsError) {
     }
 }
 
+// The same rows with scores far past float's integers (|a·σ| from 1e3 to 1e10, bfloat16 q of
+// magnitude 2^10..2^35): the bf16 path's exponentials subtract the row's maximum from the exact
+// s·scale (one FMA), so its shift must be that exact maximum too, not its float rounding (up to 256
+// off at 5e9: the row's own term came out as e^256 = inf, or every term as 0 and the row as 0/0).
+// Expected, by hand: logsumexp = max(x, 0) within the same (2|x| + 6)·u (log1p(e^−|x|) < e^−1000);
+// P one-hot, so the output is v of the larger score's key (v0 = (1, 0), v1 = (0, 1)) within the
+// rounding of P to bfloat16 for P·V and of the output (u = 2⁻⁸ each: check_bf16_products' bound);
+// with dO = 1, dV is the count of rows each key wins within the same two roundings (of each P and
+// of the sum); dP = dO·v = 1 for both keys, so
+// D = Σ P·dP / Σ P = p/p = 1 exactly (one nonzero P, p, times 1), dS = P∘(dP − D) = 0 and dQ, dK
+// are exactly 0 (as they are in exact arithmetic: the weights do not move with the scores).
+TEST(HalfPrecision, Bf16ScoresFarPastFloatsIntegers) {
+  const int64_t L = 600;
+  const double sigma = 0.3;
+  Tensor<bfloat16> q({1, 1, L, 2}), k({1, 1, 2, 2}), v({1, 1, 2, 2}), dout({1, 1, L, 2});
+  k[2] = narrow<bfloat16>(1.0f);  // k1 = (1, 0); k0 = 0
+  v[0] = narrow<bfloat16>(1.0f);  // v0 = (1, 0)
+  v[3] = narrow<bfloat16>(1.0f);  // v1 = (0, 1)
+  for (int64_t i = 0; i < dout.numel(); ++i) dout[i] = narrow<bfloat16>(1.0f);
+  Generator gen(23);
+  int64_t wins1 = 0;  // rows whose larger score is key 1's
+  for (int64_t i = 0; i < L; ++i) {
+    const double magnitude = std::pow(10.0, gen.uniform(3.0, 10.0)) / sigma;
+    q[2 * i] = narrow<bfloat16>(i % 2 ? magnitude : -magnitude);
+    wins1 += i % 2;
+  }
+  for (const std::string& target : simd_targets())
+    for (Backend backend : {Backend::cpu_flash, Backend::decode}) {
+      const ScopedSimdTarget pin(target);
+      SCOPED_TRACE(std::string(backend == Backend::decode ? "decode" : "cpu_flash") + " on " +
+                   bf16_gemm::name(bf16_gemm::path()) + ", target " + target);
+      Options<bfloat16> opt;
+      opt.scale = sigma;
+      opt.backend = backend;
+      const ForwardResult<bfloat16> r = sdpa_forward(q, k, v, opt);
+      for (int64_t i = 0; i < L; ++i) {
+        const double x = static_cast<double>(widen(q[2 * i])) * sigma;
+        ASSERT_LE(std::abs(r.logsumexp[i] - std::max(x, 0.0)), (2 * std::abs(x) + 6) * 0x1p-24)
+            << "row " << i << ": a·σ = " << x << ", logsumexp " << r.logsumexp[i];
+        ASSERT_LE(std::abs(widen(r.output[2 * i]) - (x > 0 ? 0.0 : 1.0)), 2 * 0x1p-8) << "output row " << i;
+        ASSERT_LE(std::abs(widen(r.output[2 * i + 1]) - (x > 0 ? 1.0 : 0.0)), 2 * 0x1p-8)
+            << "output row " << i;
+      }
+      if (backend == Backend::decode) continue;  // (the backward is cpu_flash's either way)
+      const Gradients<bfloat16> g = sdpa_backward(q, k, v, r.output, r.logsumexp, dout, opt);
+      for (int64_t i = 0; i < g.grad_query.numel(); ++i)
+        ASSERT_EQ(widen(g.grad_query[i]), 0.0f) << "grad_query " << i;
+      for (int64_t i = 0; i < g.grad_key.numel(); ++i)
+        ASSERT_EQ(widen(g.grad_key[i]), 0.0f) << "grad_key " << i;
+      for (int64_t e = 0; e < 2; ++e) {
+        EXPECT_LE(std::abs(widen(g.grad_value[e]) - static_cast<double>(L - wins1)), 2 * 0x1p-8 * (L - wins1))
+            << "key 0";
+        EXPECT_LE(std::abs(widen(g.grad_value[2 + e]) - static_cast<double>(wins1)), 2 * 0x1p-8 * wins1)
+            << "key 1";
+      }
+    }
+}
+
 template <class H>
 void sweep(Backend backend, int cases, uint64_t seed) {
   // The path a CPU without AVX512_BF16 takes (bfloat16's products on widened operands; float16's

@@ -270,6 +270,16 @@ TEST(AttentionNumerics, ZeroLengthSequencesGiveEmptyOrZeroResults) {
       EXPECT_EQ(r.grads.grad_key.shape(), k.shape());
       EXPECT_EQ(r.grads.grad_value.shape(), v.shape());
     }
+    // No heads at all (PyTorch returns empty results).
+    {
+      const Tensor<T> q({2, 0, 3, 4}), k({2, 0, 6, 4}), v({2, 0, 6, 5}), dout({2, 0, 3, 5});
+      const Result<T> r = run(q, k, v, dout, options, backend);
+      EXPECT_EQ(r.fwd.output.shape(), (Shape{2, 0, 3, 5}));
+      EXPECT_EQ(r.fwd.logsumexp.shape(), (Shape{2, 0, 3}));
+      EXPECT_EQ(r.grads.grad_query.shape(), q.shape());
+      EXPECT_EQ(r.grads.grad_key.shape(), k.shape());
+      EXPECT_EQ(r.grads.grad_value.shape(), v.shape());
+    }
     // No queries: nothing to return, and no gradient reaches the keys and values.
     {
       const Tensor<T> q({2, 2, 0, 4}), k({2, 1, 6, 4}, T(0.5)), v({2, 1, 6, 5}, T(1)), dout({2, 2, 0, 5});

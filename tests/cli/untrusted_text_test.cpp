@@ -84,6 +84,11 @@ TEST_F(UntrustedTextCli, TensorNamesFromAnInputsFile) {
       attention_ + "--inputs " + path("names.safetensors") + " --output " + path("out.safetensors"),
       "unknown tensor '\\x1b[2J' (--inputs takes query, key, value,");
   EXPECT_FALSE(fs::exists(path("out.safetensors")));
+  // A line break in a name is shown as \n, not as the message's own (nor, on one line, as a space).
+  write_raw("newline.safetensors", R"({"a\nb":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  expect_escaped_failure(
+      attention_ + "--inputs " + path("newline.safetensors") + " --output " + path("out.safetensors"),
+      "unknown tensor 'a\\nb' (--inputs takes");
 }
 
 TEST_F(UntrustedTextCli, MetadataOfACheckpoint) {

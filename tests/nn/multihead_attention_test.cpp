@@ -173,6 +173,40 @@ TEST(MultiheadAttentionParameters, InitialisationFollowsPyTorchsDistributions) {
   EXPECT_NE(other.state_dict().at("in_proj_weight")[5], params.at("in_proj_weight")[5]);
 }
 
+// A half-precision module draws the same numbers from the same seed, each rounded once from the
+// double drawn: within the half type's unit roundoff of the double module's (relative 2⁻⁸ for
+// bfloat16's 8 significant bits, 2⁻¹¹ for float16's 11) plus half its subnormals' spacing
+// (float16's 2⁻²⁴ below 2⁻¹⁴). (A static_cast of the double had stored it as the bits, truncated:
+// every weight 0.)
+template <class H>
+void expect_initialisation_is_the_doubles_rounded() {
+  MultiheadAttentionOptions o;
+  o.embed_dim = 64;
+  o.num_heads = 4;
+  o.add_bias_kv = true;
+  constexpr bool bf16 = std::is_same_v<H, bfloat16>;
+  const double u = bf16 ? 0x1p-8 : 0x1p-11, tiny = bf16 ? 0x1p-134 : 0x1p-25;
+  const auto wide = MultiheadAttention<double>(o, 3).state_dict();
+  const auto half = MultiheadAttention<H>(o, 3).state_dict();
+  ASSERT_EQ(half.size(), wide.size());
+  for (const auto& [name, expected] : wide) {
+    const Tensor<H>& got = half.at(name);
+    ASSERT_EQ(got.numel(), expected.numel()) << name;
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < expected.numel(); ++i) {
+      ASSERT_LE(std::abs(static_cast<double>(widen(got[i])) - expected[i]), u * std::abs(expected[i]) + tiny)
+          << name << "[" << i << "]";
+      nonzero += expected[i] != 0;
+    }
+    if (name.find("bias") == std::string::npos || name == "bias_k" || name == "bias_v") EXPECT_GT(nonzero, 0) << name;
+  }
+}
+
+TEST(MultiheadAttentionParameters, HalfPrecisionInitialisationIsTheDoublesRounded) {
+  expect_initialisation_is_the_doubles_rounded<bfloat16>();
+  expect_initialisation_is_the_doubles_rounded<float16>();
+}
+
 TEST(MultiheadAttentionParameters, LoadStateDictIsStrictAndNamesEveryProblem) {
   MultiheadAttentionOptions o;
   o.embed_dim = 4;

@@ -4,11 +4,15 @@
 //   "query: expected a 3-D tensor (L, N, E) or 2-D (L, E), got shape [4]".
 // A message often quotes text from outside (a tensor name from a file, a path, a flag, another
 // library's message), so every message goes through escape() as it is made: what() is valid
-// UTF-8 with no control character but the line break, whatever the message quoted.
+// UTF-8 with no control character but the line break, whatever the message quoted. check()'s
+// string parts (text from outside: names, paths) are escaped whole, line breaks included, so that
+// a name's "a\nb" is not shown as the message's own line break (or, on one line, as "a b"); its
+// literal parts keep theirs.
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -24,7 +28,9 @@ class Error : public std::runtime_error {
 namespace detail {
 template <class Part>
 void append(std::ostringstream& out, const Part& part) {
-  if constexpr (std::is_same_v<Part, std::vector<int64_t>>) {  // a Shape: "[2, 3, 4]"
+  if constexpr (std::is_same_v<Part, std::string> || std::is_same_v<Part, std::string_view>) {
+    out << escape(part);
+  } else if constexpr (std::is_same_v<Part, std::vector<int64_t>>) {  // a Shape: "[2, 3, 4]"
     out << '[';
     for (size_t i = 0; i < part.size(); ++i) out << (i ? ", " : "") << part[i];
     out << ']';

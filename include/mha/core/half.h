@@ -22,11 +22,24 @@
 
 namespace mha {
 
+// Each is made from its bits (bfloat16{bits}), never from a number: static_cast<bfloat16>(0.3)
+// would store 0 as the bits (C++20 initialises an aggregate from parentheses, narrowing), so a
+// floating-point argument is refused at compile time; round with narrow<T> or to_bfloat16.
 struct bfloat16 {
   uint16_t bits;
+  bfloat16() = default;
+  constexpr bfloat16(uint16_t b) : bits(b) {}
+  template <class F>
+    requires std::is_floating_point_v<F>
+  bfloat16(F) = delete;
 };
 struct float16 {
   uint16_t bits;
+  float16() = default;
+  constexpr float16(uint16_t b) : bits(b) {}
+  template <class F>
+    requires std::is_floating_point_v<F>
+  float16(F) = delete;
 };
 
 inline float to_float(bfloat16 x) {

@@ -50,7 +50,8 @@ struct PackedKv {
 // (Br × Bc, row stride Bc), the output accumulator and the per-row state.
 struct Scratch {
   size_t dv_padded;
-  Buffer<float> scores, bias, factors, out, q_scaled, row_max, lse_hi, lse_lo;
+  Buffer<float> scores, bias, factors, out, q_scaled, lse_hi, lse_lo;
+  Buffer<double> row_max;  // the online softmax's m (online_softmax_tile)
   Buffer<bfloat16> q_pairs, p_pairs;  // with bf16 pairs: Q (row stride Dqk rounded up to even) and P
   Buffer<double> row_sum;
   Buffer<int64_t> first, end;
@@ -177,7 +178,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
       std::fill(o, o + Dv, T{});  // every output row is written here (attention.cpp relies on it)
       continue;
     }
-    lse = static_cast<double>(s.row_max[r]) + std::log(s.row_sum[r]);
+    lse = s.row_max[r] + std::log(s.row_sum[r]);
     const float inv_sum = static_cast<float>(1.0 / s.row_sum[r]);
     float* row = s.out.data() + r * dv_padded;
     if constexpr (std::is_same_v<T, float>) {
@@ -201,8 +202,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
       split_logsumexp(lse, s.lse_hi[r], s.lse_lo[r]);
       s.row_sum[r] = 1.0;  // from here on: the factor of the row's weights
     } else {
-      s.lse_hi[r] = s.row_max[r];
-      s.lse_lo[r] = 0.0f;
+      split_logsumexp(s.row_max[r], s.lse_hi[r], s.lse_lo[r]);  // m, as a float and what it loses
       s.row_sum[r] = 1.0 / s.row_sum[r];
     }
   }

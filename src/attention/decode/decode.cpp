@@ -67,12 +67,12 @@ struct Plan {
 
 // Each task's partial per row: max m, sum l, unnormalised output o (R × dv).
 struct Partials {
-  Buffer<float> max;
+  Buffer<double> max;
   Buffer<double> sum;
   Buffer<float> out;
 
   explicit Partials(const Plan& n)
-      : max(to_size(n.tasks) * n.R, Buffer<float>::Uninitialized),
+      : max(to_size(n.tasks) * n.R, Buffer<double>::Uninitialized),
         sum(to_size(n.tasks) * n.R, Buffer<double>::Uninitialized),
         out(to_size(n.tasks) * n.R * n.dv, Buffer<float>::Uninitialized) {}
 };
@@ -123,10 +123,10 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     }
     s.scaled_for = bkv;
   }
-  float* m = part.max.data() + to_size(task) * n.R;
+  double* m = part.max.data() + to_size(task) * n.R;
   double* l = part.sum.data() + to_size(task) * n.R;
   float* o = part.out.data() + to_size(task) * n.R * n.dv;
-  std::fill(m, m + n.R, -std::numeric_limits<float>::infinity());
+  std::fill(m, m + n.R, -std::numeric_limits<double>::infinity());
   std::fill(l, l + n.R, 0.0);
   std::fill(o, o + n.R * n.dv, 0.0f);
 
@@ -195,12 +195,12 @@ void merge_chunks(const ForwardArgs<T, Kv>& a, const Plan& n, const Partials& pa
   // The sink (Options::sinks), if any, is one more partial: max = sink, sum = 1, output 0.
   const double sink = a.sinks.of(b, h);
   const bool has_sink = sink != -std::numeric_limits<double>::infinity();
-  float row_max = static_cast<float>(sink);
+  double row_max = static_cast<float>(sink);
   for (int64_t c = 0; c < n.chunks; ++c)
     if (part.sum[slot(c)] != 0.0) row_max = std::max(row_max, part.max[slot(c)]);
   double total = has_sink ? std::exp(sink - row_max) : 0.0;
   for (int64_t c = 0; c < n.chunks; ++c)
-    if (part.sum[slot(c)] != 0.0) total += std::exp(static_cast<double>(part.max[slot(c)]) - row_max) * part.sum[slot(c)];
+    if (part.sum[slot(c)] != 0.0) total += std::exp(part.max[slot(c)] - row_max) * part.sum[slot(c)];
   T* out = a.output.row(b, h, i);
   double& lse = *a.logsumexp.row(b, h, i);
   if (total == 0.0) {
@@ -211,12 +211,12 @@ void merge_chunks(const ForwardArgs<T, Kv>& a, const Plan& n, const Partials& pa
   std::fill(s.merged.data(), s.merged.data() + n.Dv, 0.0);
   for (int64_t c = 0; c < n.chunks; ++c) {
     if (part.sum[slot(c)] == 0.0) continue;
-    const double weight = std::exp(static_cast<double>(part.max[slot(c)]) - row_max) / total;
+    const double weight = std::exp(part.max[slot(c)] - row_max) / total;
     const float* partial = part.out.data() + slot(c) * n.dv;
     for (size_t e = 0; e < n.Dv; ++e) s.merged[e] += weight * static_cast<double>(partial[e]);
   }
   for (size_t e = 0; e < n.Dv; ++e) out[e] = narrow<T>(static_cast<float>(s.merged[e]));
-  lse = static_cast<double>(row_max) + std::log(total);
+  lse = row_max + std::log(total);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "attention/tiles/kernels.h"
@@ -290,47 +291,71 @@ HWY_INLINE float ScoresAndRowMax(DF d, const ScoreTile& t, size_t r) {
 // The largest tile height the kernels accept (per-row scratch on the stack).
 constexpr size_t kMaxTileRows = 256;
 
-void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, float* out, size_t out_stride,
+void OnlineSoftmaxTile(const ScoreTile& t, double* row_max, double* row_sum, float* out, size_t out_stride,
                        size_t out_cols) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t padded = (t.cols + N - 1) / N * N;  // cols rounded up to whole vectors
-  HWY_ALIGN float old_max[kMaxTileRows], shift[kMaxTileRows], alpha[kMaxTileRows];
+  HWY_ALIGN float shift[kMaxTileRows], shift_lo[kMaxTileRows], alpha_arg[kMaxTileRows], alpha[kMaxTileRows];
   HWY_ASSERT(t.rows <= kMaxTileRows);
   const size_t rows = t.rows;
 
   // Pass 1 (every row, so that the rows' dependency chains overlap): the block maxima and
   // m' = max(m, block max). A row with nothing visible yet keeps m' = −inf and subtracts 0
   // instead (exp(−inf − 0) = 0, where −inf − (−inf) would be NaN).
+  // With a deferred scale the exponentials take s·scale − m' from one FMA, exact before its
+  // rounding, so m' must be the shift itself: the block maximum's s·scale is exact in double (a
+  // product of two floats), and where |m'| >= 2²⁰ float's rounding of it (up to 2⁻⁴, and 256 at
+  // 5e9, where the row's own maximum would come out at e²⁵⁶) is kept as a second float, shift_lo,
+  // subtracted as well; below, m' is rounded to float and the row's maximum comes out within 2⁻⁵
+  // of 0. Either way the state m' is the shift the exponentials subtract, so logsumexp = m' + log l
+  // is that of the exact scores, as the backward recomputes them (probabilities_tile). (A target
+  // without an FMA rounds s·scale before it subtracts: there m' is the float of the rounded
+  // maximum, every argument <= 0, and the backward rounds the same way.)
   const float scale = DeferredScale(t);
   const bool base2 = scale != 1.0f;
   ScoreTile raw = t;  // the tile as pass 1 reads it: without the deferred scale
   if (base2) raw.scale = 1.0f;
   for (size_t r = 0; r < rows; ++r) {
-    const float block_max = ScoresAndRowMax(d, raw, r) * scale;
-    old_max[r] = row_max[r];
-    row_max[r] = block_max > old_max[r] ? block_max : old_max[r];
-    shift[r] = row_max[r] == neg_inf ? 0.0f : row_max[r];
+    const double block_max = static_cast<double>(ScoresAndRowMax(d, raw, r)) * scale;
+    const double old_max = row_max[r];
+    double m = block_max > old_max ? block_max : old_max;
+    const float hi = static_cast<float>(m);
+    const bool wide = HWY_NATIVE_FMA && std::abs(hi) >= 0x1p20f && std::isfinite(hi);
+    shift_lo[r] = wide ? static_cast<float>(m - static_cast<double>(hi)) : 0.0f;
+    if (!wide) m = hi;
+    row_max[r] = m;
+    shift[r] = m == -std::numeric_limits<double>::infinity() ? 0.0f : hi;
+    alpha_arg[r] =
+        old_max == -std::numeric_limits<double>::infinity() ? neg_inf : static_cast<float>(old_max - m);
   }
   // α = exp(m − m') rescales what was summed against the old maximum (0 when m = −inf), N rows
   // at a time. (In float: α scales a row's l and O alike, so O = O/l does not see its rounding.)
-  for (size_t r = rows; r < round_up_to(rows, N); ++r) old_max[r] = shift[r] = 0.0f;
+  for (size_t r = rows; r < round_up_to(rows, N); ++r) alpha_arg[r] = 0.0f;
   for (size_t r = 0; r < rows; r += N)
-    hn::Store(ExpOfNonPositive(d, hn::Sub(hn::Load(d, old_max + r), hn::Load(d, shift + r))), d, alpha + r);
+    hn::Store(ExpOfNonPositive(d, hn::Load(d, alpha_arg + r)), d, alpha + r);
 
   // Pass 2: p = exp(s − m'), summed before dropout, then multiplied by the dropout factor;
-  // l' = α·l + Σ p and out ← α·out.
-  for (size_t r = 0; r < rows; ++r) {
+  // l' = α·l + Σ p and out ← α·out. A row with a second float in its shift takes one subtraction
+  // more per vector (the wide rows' loop, a template argument: the others' loop is unchanged).
+  auto softmax_row = [&](size_t r, auto wide) {
     float* s = t.scores + r * t.stride;
     const float* drop = t.dropout ? t.dropout + r * t.stride : nullptr;
-    const VF vshift = hn::Set(d, shift[r]), vscale = hn::Set(d, scale), log2e = hn::Set(d, kLog2e);
+    const VF vshift = hn::Set(d, shift[r]), vlo = hn::Set(d, shift_lo[r]), vscale = hn::Set(d, scale),
+             log2e = hn::Set(d, kLog2e);
     // p at column c0 (returned) and, times the dropout factor, what P·V multiplies (kept).
     bfloat16* s_bf16 = t.probs_bf16 ? t.probs_bf16 + r * t.stride : nullptr;
     auto probability = [&](size_t c0, VF& kept) {
       const VF x = hn::LoadU(d, s + c0);
-      const VF prob = base2 ? Exp2OfNonPositive(d, hn::Mul(hn::MulSub(x, vscale, vshift), log2e))
-                            : ExpOfNonPositive(d, hn::Sub(x, vshift));
+      VF prob;
+      if (base2) {
+        VF arg = hn::MulSub(x, vscale, vshift);
+        if constexpr (decltype(wide)::value) arg = hn::Sub(arg, vlo);
+        prob = Exp2OfNonPositive(d, hn::Mul(arg, log2e));
+      } else {
+        prob = ExpOfNonPositive(d, hn::Sub(x, vshift));
+      }
       kept = drop ? hn::Mul(prob, hn::LoadU(d, drop + c0)) : prob;
       return prob;
     };
@@ -364,6 +389,13 @@ void OnlineSoftmaxTile(const ScoreTile& t, float* row_max, double* row_sum, floa
       const VF valpha = hn::Set(d, alpha[r]);
       float* o = out + r * out_stride;
       for (size_t c = 0; c < out_cols; c += N) hn::StoreU(hn::Mul(hn::LoadU(d, o + c), valpha), d, o + c);
+    }
+  };
+  for (size_t r = 0; r < rows; ++r) {
+    if (shift_lo[r] != 0.0f) {
+      softmax_row(r, std::true_type{});
+    } else {
+      softmax_row(r, std::false_type{});
     }
   }
 }

@@ -19,7 +19,7 @@ HWY_EXPORT(ProbabilitiesTile);
 HWY_EXPORT(ScoreGradientsTile);
 HWY_EXPORT(DropoutTile);
 
-void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum, float* out, size_t out_stride,
+void online_softmax_tile(const ScoreTile& tile, double* row_max, double* row_sum, float* out, size_t out_stride,
                          size_t out_cols) {
   HWY_DYNAMIC_DISPATCH(OnlineSoftmaxTile)(tile, row_max, row_sum, out, out_stride, out_cols);
 }

@@ -62,9 +62,12 @@ struct ScoreTile {
 //   m' = max(m, max_c s_c);  α = exp(m − m');  l' = α·l + Σ_c exp(s_c − m');  out_r ← α·out_r
 // and the tile becomes exp(s − m')·dropout, ready for out += P·V. l counts the probabilities
 // before dropout (the normaliser is dropout's business only through P·V). A row whose scores
-// are all −inf so far keeps m = −inf, l = 0; a NaN score makes its row's l NaN.
+// are all −inf so far keeps m = −inf, l = 0; a NaN score makes its row's l NaN. m is a double:
+// with a deferred scale, the exact s·scale of the row's maximum where float's rounding of it
+// would put that score's exponential far from 1 (|m| >= 2²⁰), so that m + log l is the
+// logsumexp of the exact scores (kernels-inl.h).
 // `out` rows have out_cols used columns (stride out_stride, room up to a multiple of W).
-void online_softmax_tile(const ScoreTile& tile, float* row_max, double* row_sum, float* out, size_t out_stride,
+void online_softmax_tile(const ScoreTile& tile, double* row_max, double* row_sum, float* out, size_t out_stride,
                          size_t out_cols);
 
 // Probabilities from the row's log normaliser lse = lse_hi + lse_lo, two floats so that a huge lse
