@@ -438,9 +438,9 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
     if _as_float_call(query.dtype, attn_mask, layout):
         grads = backward(_widened(grad_output), _widened(query), _widened(key), _widened(value), _widened(output),
-                         logsumexp, _widened(attn_mask), dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
-                         window_size, softcap, _widened(variants.sinks), _widened(variants.alibi_slopes),
-                         cu_seqlens_q, cu_seqlens_k)
+                         logsumexp, _widened(attn_mask), dropout_p, causal, scale, enable_gqa, dropout_seed,
+                         num_threads, window_size, softcap, _widened(variants.sinks),
+                         _widened(variants.alibi_slopes), cu_seqlens_q, cu_seqlens_k)
         return tuple(g.astype(query.dtype) for g in grads)
     attend, additive = _masks(layout, attn_mask)
     B, H, L = layout.batch_size, layout.heads, layout.query_len
@@ -474,7 +474,8 @@ def merge_attention_states(outputs, logsumexps):
         name = "ab"[n] if n < 2 else str(n)
         out = _check_like(f"output_{name}", out, shape, first.dtype)
         lse = _array(f"lse_{name}", lse)
-        if tuple(lse.shape) != tuple(shape[:-1]) or not (np.issubdtype(lse.dtype, np.floating) or lse.dtype == BFLOAT16):
+        floating = np.issubdtype(lse.dtype, np.floating) or lse.dtype == BFLOAT16
+        if tuple(lse.shape) != tuple(shape[:-1]) or not floating:
             raise ArgumentError(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
                                 f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
                                 f"{lse.dtype}")

@@ -11,8 +11,9 @@ transformers builds for FlashAttention (all True when nothing is padded), never 
 (batch, 1, queries, keys) mask: causality, the sliding window, the soft-cap, the sinks and packed
 sequences are the attention call's own settings, and mha skips the keys outside them (a window of
 W keys costs O(L·W), not O(L²)). The mask's causality and window are read off the mask function
-transformers composes and remembered with the mask; the attention function takes them from there
-(the modules' own is_causal and sliding_window are wrong in some models that only ran eager).
+transformers composes and kept on the mask (an attribute, which torch.compile traces too); the
+attention function takes them from there (the modules' own is_causal and sliding_window are wrong
+in some models that only ran eager).
 
 What the attention function takes, as transformers' models send it (docs/transformers.md):
 `scaling`, `dropout` (the models pass 0 outside training), `is_causal` (else the mask's, else
@@ -32,7 +33,6 @@ gradient) by the attention function; a 4-D mask the caller built is applied as i
 """
 
 import warnings
-import weakref
 
 import torch
 
@@ -80,14 +80,14 @@ _READ_DENSE = {
     "doge": "its dynamic mask is built from it",
 }
 
-# What the mask function knows about each mask it returned, by the mask's identity (checked
-# through a weak reference, and dropped with the mask): ((causal, window), padded), the first None
-# when no mask function was given. The attention function takes the causality and the window from
-# here rather than from the module and its arguments, which the eager path never reads and some
-# models leave wrong: is_causal False on a decoder's self-attention (NLLB-MoE, PEGASUS-X) or unset
-# (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's encoder; ModernBERT
-# passes W + 1, FlashAttention's convention).
-_known = {}
+# What the mask function knows about each mask it returns, kept on the mask as an attribute
+# (which torch.compile traces and guards like any other Python value): ((causal, window), padded),
+# the first None when no mask function was given. The attention function takes the causality and
+# the window from here rather than from the module and its arguments, which the eager path never
+# reads and some models leave wrong: is_causal False on a decoder's self-attention (NLLB-MoE,
+# PEGASUS-X) or unset (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's
+# encoder; ModernBERT passes W + 1, FlashAttention's convention).
+_SETTINGS = "_mha_mask_settings"
 
 
 def _window(parts):
@@ -104,16 +104,14 @@ def _window(parts):
 
 
 def _remember(mask, settings, padded):
-    key = id(mask)
-    _known[key] = (weakref.ref(mask, lambda _, key=key: _known.pop(key, None)), settings, padded)
+    setattr(mask, _SETTINGS, (settings, padded))
     return mask
 
 
 def _known_mask(mask):
     """(settings, padded) of a mask the mask function returned, settings (causal, window) or None;
     or None for any other mask."""
-    entry = _known.get(id(mask)) if mask is not None else None
-    return entry[1:] if entry is not None and entry[0]() is mask else None
+    return getattr(mask, _SETTINGS, None) if mask is not None else None
 
 
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -123,10 +121,10 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     last keys); all True when nothing is padded; shorter than kv_length when a causal layer's
     cache has slots past the last query (a static cache not yet full: the keys written, so that
     the attention call cuts the rest, its causality being aligned on the last key it is given).
-    Each mask is remembered with its causality for the attention function. Under torch.compile
-    it returns the padding mask as it is, or None without one (looking at values or identities
-    would break the graph). Raises mha.ArgumentError for a mask with a part the attention call
-    cannot express (the model and the part named)."""
+    Each mask carries its causality and window for the attention function (an attribute, traced
+    by torch.compile too), and whether it pads anything (under torch.compile, which cannot look at
+    its values, a given padding mask is taken as padding). Raises mha.ArgumentError for a mask
+    with a part the attention call cannot express (the model and the part named)."""
     parts = dict(_parts(mask_function)) if mask_function is not None else {}
     unexpressed = [name for name in parts if name not in _EXPRESSED]
     model = getattr(kwargs.get("config"), "model_type", None) or "this model"
@@ -145,15 +143,11 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
         written = kv_length
         if causal and kv_length > q_length:
             written = min(kv_length, int(q_offset) + q_length - int(kv_offset))
-        if torch.compiler.is_compiling():
-            return None if written == kv_length else torch.ones(batch_size, written, dtype=torch.bool)
         return _remember(torch.ones(batch_size, written, dtype=torch.bool), settings, padded=False)
     mask = attention_mask[:, -kv_length:]
     if mask.dtype != torch.bool:
         mask = mask.bool()
-    if torch.compiler.is_compiling():
-        return mask
-    return _remember(mask, settings, padded=not bool(mask.all()))
+    return _remember(mask, settings, padded=torch.compiler.is_compiling() or not bool(mask.all()))
 
 
 # Arguments some models send that change which keys a query sees, or what joins its softmax, in a
