@@ -67,6 +67,10 @@ PUNCT = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["¡", "¿", "«", "»", "�
                                                       "⹂", "⹅", "⹝", "𞥞", "¦", "¬", "°", "µ", "^"]
 LATER_UNICODE = ["\u08e2", "\U000110cd", "\U00013430", "\U00013439", "\u0890", "\u2e4f", "\U0001e94a", "\u0d00",
                  "\U00010d24", "\u0eba", "\ua8ff", "\U0001f97a", "\U0001fae0", "\u1ab0", "\u1cf8"]
+# Characters whose general category changed after Unicode 8.0, and CJK Extension E's first 256
+# code points (U+2B820–U+2B91F, outside tokenizers' range for it) with its first one after them.
+CATEGORY_CHANGED = ["\u1734", "\u1885", "\u1886", "\ua9bd", "\U000111c9", "\u166d", "\U0002b820", "\U0002b8ff",
+                    "\U0002b91f", "\U0002b920"]
 COMBINING = ["\u0301", "\u0300", "\u0308", "\u0327", "\u0323", "\u035c", "\u0489", "\u20dd", "\u0903", "\u0bcd"]
 TURKISH = ["İstanbul", "ıi İI", "DİYARBAKIR", "ǅemal ǈjubav ǋ", "ΣΑΣ ΟΔΟΣ", "Straße STRASSE ß ẞ", "ﬀ ﬃ ﬄ ﬅ",
            "ＡＢＣ　ｘｙｚ１２３！", "Ⅻ ⅻ ① ⑽ ㊙", "ǰ ΐ ﬆ", "K Å Ω"]
@@ -85,7 +89,7 @@ def make_corpus(count=2400, seed=15):
     lines += [long_word(rng, n) for n in (99, 100, 101, 150, 300)]
     lines += ["un" + "believ" * 20 + "able", "x" * 100 + " " + "y" * 101, "é" * 100, "é" * 101, "e\u0301" * 60]
     lines += ["word " * 300, "a, " * 200, "我" * 400, " ".join(str(i) for i in range(400))]
-    lines += ["a" + c + "b" for c in SPECIAL_CHARS + LATER_UNICODE + PUNCT]
+    lines += ["a" + c + "b" for c in SPECIAL_CHARS + LATER_UNICODE + PUNCT + CATEGORY_CHANGED]
     lines += ["x" + "".join(rng.sample(COMBINING, 4)) + "y" for _ in range(20)]
     pools = [ENGLISH, WORDS, ACCENTED, SCRIPTS, CJK, EMOJI, SPECIAL_CHARS, PUNCT, LATER_UNICODE, TURKISH,
              SPECIAL_TOKENS, COMBINING]

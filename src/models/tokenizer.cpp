@@ -39,7 +39,21 @@ void append_utf8(std::string& out, char32_t c) {
   out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(n));
 }
 
-utf8proc_category_t category(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
+// The general category as Unicode 8.0 gave it (the version of the tables `tokenizers` uses, below):
+// utf8proc's, but for the six characters assigned by 8.0 whose category has changed since (found by
+// tokenizing every code point with both: U+1734 Mn → Mc, U+1885 and U+1886 Lo → Mn, U+A9BD Mc → Mn,
+// U+111C9 Po → Mn, U+166D Po → So).
+utf8proc_category_t category(char32_t c) {
+  switch (c) {
+    case 0x1734: return UTF8PROC_CATEGORY_MN;
+    case 0x1885:
+    case 0x1886: return UTF8PROC_CATEGORY_LO;
+    case 0xA9BD: return UTF8PROC_CATEGORY_MC;
+    case 0x111C9:
+    case 0x166D: return UTF8PROC_CATEGORY_PO;
+    default: return utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  }
+}
 
 // Assigned by Unicode 8.0, the version of the category tables `tokenizers` uses.
 bool in_unicode_8(char32_t c) {
@@ -72,10 +86,13 @@ bool is_punctuation(char32_t c) {
   return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO && in_unicode_8(c);
 }
 
-// The CJK Unified Ideographs blocks BERT puts spaces around (BERT's _is_chinese_char).
+// The CJK Unified Ideographs blocks BERT puts spaces around: `tokenizers`' is_chinese_char, whose
+// Extension E range starts at U+2B920 where BERT's Python _is_chinese_char starts at U+2B820 (the
+// 256 code points between are split by the one, kept in the word by the other: `tokenizers` is the
+// one Hugging Face runs).
 bool is_chinese(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
