@@ -262,7 +262,7 @@ Tensor<T> AttentionClassifier<T>::fused_forward(const Tensor<T>& x, FusedCache* 
     linear(w.fc1_w.value, w.fc1_b.value, hidden, E, pooled, kW, z);
     for (int64_t j = 0; j < hidden; ++j)
       for (int64_t m = 0; m < kW; ++m) {
-        const T zj = z[j * kW + m], relu = zj > T(0) ? zj : T(0);
+        const T zj = z[j * kW + m], relu = !(zj <= T(0)) ? zj : T(0);  // NaN kept (nn::relu)
         r[j * kW + m] = keep.defined() ? (m < n && keep[(s0 + m) * hidden + j] ? relu * keep_scale : T(0)) : relu;
       }
     T* out = Scratch<T>::get(s.logits, C * kW);
@@ -318,7 +318,7 @@ Tensor<T> AttentionClassifier<T>::fused_backward(const Tensor<T>& grad_logits, F
         for (int64_t m = 0; m < kW; ++m) {
           T g = dz[j * kW + m];
           if (keep.defined()) g = m < n && keep[(s0 + m) * hidden + j] ? g * keep_scale : T(0);
-          dz[j * kW + m] = z[j * kW + m] > T(0) ? g : T(0);
+          dz[j * kW + m] = !(z[j * kW + m] <= T(0)) ? g : T(0);
         }
       T* dpooled = Scratch<T>::get(s.dpooled, E * kW);
       linear_backward(w.fc1_w.value, hidden, E, at(cache.pooled, E * kW), kW, dz, grad(w.fc1_w), grad(w.fc1_b),

@@ -61,8 +61,10 @@ int64_t model_max_length(const std::string& directory, const WordPieceTokenizer&
     positions = positive_int(read_json_file(config_path), "max_position_embeddings", config_path);
     length = std::min(length, positions);
   }
+  // sentence-transformers reads its own config only in its own directories (with modules.json):
+  // a plain Hugging Face directory truncates at the tokenizer's length whatever else it holds.
   const std::string st_config = directory + "/sentence_bert_config.json";
-  if (fs::exists(st_config)) {
+  if (fs::exists(directory + "/modules.json") && fs::exists(st_config)) {
     const Json json = read_json_file(st_config);
     if (auto max_seq = optional_int(json, "max_seq_length", st_config, 2)) {
       check(*max_seq <= positions, st_config, ": field 'max_seq_length': expected at most ", positions,
@@ -80,6 +82,10 @@ SentenceEncoder::SentenceEncoder(const std::string& directory, Dtype dtype)
       model_(std::make_unique<BertModel<float>>(BertModel<float>::from_directory(directory))) {
   using namespace detail;
   const BertConfig& config = model_->config();
+  // Every id the tokenizer can give must have an embedding: found here, not at the first sentence
+  // that holds a token past them.
+  check(tokenizer_.vocab_size() <= config.vocab_size, directory, "/vocab.txt: expected at most ", config.vocab_size,
+        " tokens (config.json's vocab_size, the word embeddings' rows), got ", tokenizer_.vocab_size());
   max_seq_length_ = model_max_length(directory, tokenizer_);
   const std::string modules_path = directory + "/modules.json";
   if (fs::exists(modules_path)) {

@@ -6,7 +6,8 @@ template <class T>
 Tensor<T> relu(const Tensor<T>& x) {
   check(x.defined(), "relu: input: expected a tensor, got an undefined tensor");
   Tensor<T> y(x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = widen(x[i]) > 0 ? x[i] : narrow<T>(0.0);
+  // !(x <= 0): a NaN is kept, as PyTorch's relu (clamp_min) keeps it.
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = !(widen(x[i]) <= 0) ? x[i] : narrow<T>(0.0);
   return y;
 }
 
@@ -17,7 +18,8 @@ Tensor<T> relu_backward(const Tensor<T>& x, const Tensor<T>& grad_output) {
         ", got an undefined tensor");
   check_shape(grad_output.shape(), x.shape(), "relu_backward: grad_output");
   Tensor<T> g(x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) g[i] = widen(x[i]) > 0 ? grad_output[i] : narrow<T>(0.0);
+  // PyTorch's threshold_backward: 0 where the output is <= 0, the gradient elsewhere (at a NaN too).
+  for (int64_t i = 0; i < x.numel(); ++i) g[i] = !(widen(x[i]) <= 0) ? grad_output[i] : narrow<T>(0.0);
   return g;
 }
 

@@ -92,8 +92,8 @@ TEST_F(CliErrors, BadFlagsAndSubcommands) {
   expect_failure("bench --gemm --context-parallel ring", "--gemm");
 }
 
-// Integer flags of tokenize and embed name the flag and the bound, not CLI11's range of doubles
-// (PositiveNumber's upper end is 309 digits long).
+// Number flags name the flag and the bound, not CLI11's range of doubles (PositiveNumber's upper
+// end is 309 digits long), and are read whole and exactly (tools/mha/int_option.h).
 TEST_F(CliErrors, IntegerFlagsSayWhatTheyExpect) {
   const std::string in = " --model " + path("nowhere") + " --input " + path("in.txt") + " --output " +
                          path("out.safetensors");
@@ -104,6 +104,25 @@ TEST_F(CliErrors, IntegerFlagsSayWhatTheyExpect) {
                  "--max-length: expected an integer in [2, 1099511627776], got 1 (see --help)");
   expect_failure("tokenize" + in + " --max-length many",
                  "--max-length: expected an integer in [2, 1099511627776], got many (see --help)");
+  // Past 64 bits: refused as written (CLI11's conversion saturated, so 2^64 + ... passed as INT64_MAX).
+  expect_failure("embed" + in + " --batch-size 99999999999999999999",
+                 "--batch-size: expected an integer >= 1, got 99999999999999999999 (see --help)");
+  expect_failure("heatmap --input " + path("weights.safetensors") + " --output " + path("out.png") +
+                     " --batch 99999999999999999999",
+                 "--batch: expected an integer >= 0, got 99999999999999999999 (see --help)");
+  // The other commands' number flags likewise: a seed is in [0, 2^64) (no wrap of -1), a count
+  // that is not an integer is named as such, and --max-steps 0 (which had meant no limit) refused.
+  const std::string run = " --checkpoint-dir " + path("run");
+  expect_failure("train --seed -1" + run, "--seed: expected an integer in [0, 2^64), got -1 (see --help)");
+  expect_failure("train --seed 18446744073709551616" + run,
+                 "--seed: expected an integer in [0, 2^64), got 18446744073709551616 (see --help)");
+  expect_failure("train --epochs 1.5" + run, "--epochs: expected an integer in [1, 1048576], got 1.5 (see --help)");
+  expect_failure("train --max-steps 0" + run, "--max-steps: expected an integer >= 1, got 0 (see --help)");
+  expect_failure("train --lr -1" + run, "--lr: expected a finite number >= 0, got -1 (see --help)");
+  expect_failure("train --weight-decay inf" + run, "--weight-decay: expected a finite number >= 0, got inf (see --help)");
+  expect_failure("attention --embed-dim 4 --num-heads 2 --seed -5 --inputs " + path("inputs.safetensors") +
+                     " --output " + path("out.safetensors"),
+                 "--seed: expected an integer in [0, 2^64), got -5 (see --help)");
 }
 
 // A directory opens as a stream that reads as empty: without the check, tokenize and embed wrote

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -473,6 +474,13 @@ TEST_F(BrokenSentenceModel, ConfigurationErrorsNameTheFileAndField) {
   EXPECT_TRUE(fails_with({"modules.json", "Pooling module after the Transformer"}));
   write("modules.json", "{}");
   EXPECT_TRUE(fails_with({"modules.json", "list of modules"}));
+  {  // a vocabulary longer than the embeddings: refused when loading, not at the first long id
+    std::ifstream in(path("vocab.txt"));
+    const std::string vocab((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    write("vocab.txt", vocab + "extra1\nextra2\n");
+    EXPECT_TRUE(fails_with({"vocab.txt: expected at most 30522 tokens", "vocab_size", "got 30524"}));
+    write("vocab.txt", vocab);
+  }
   write("modules.json", "[" + transformer + ", " + pooling + "]");
   write("1_Pooling/config.json", R"({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true})");
   EXPECT_TRUE(fails_with({"1_Pooling/config.json", "exactly one of", "got 2"}));
@@ -491,13 +499,17 @@ TEST_F(BrokenSentenceModel, ConfigurationErrorsNameTheFileAndField) {
   EXPECT_EQ(e.pooling(), mha::models::Pooling::cls);
   EXPECT_FALSE(e.normalize());
   EXPECT_EQ(e.max_seq_length(), 64);
-  // A plain Hugging Face directory: mean pooling, no normalisation, min(model_max_length, positions).
+  // A plain Hugging Face directory: mean pooling, no normalisation, min(model_max_length, positions),
+  // with or without a sentence_bert_config.json (which sentence-transformers reads only beside
+  // modules.json: it truncates such a directory at 512 too).
   fs::remove(path("modules.json"));
-  fs::remove(path("sentence_bert_config.json"));
-  const SentenceEncoder plain(dir_.string());
-  EXPECT_EQ(plain.pooling(), mha::models::Pooling::mean);
-  EXPECT_FALSE(plain.normalize());
-  EXPECT_EQ(plain.max_seq_length(), 512);
+  for (bool st_config : {true, false}) {
+    if (!st_config) fs::remove(path("sentence_bert_config.json"));
+    const SentenceEncoder plain(dir_.string());
+    EXPECT_EQ(plain.pooling(), mha::models::Pooling::mean);
+    EXPECT_FALSE(plain.normalize());
+    EXPECT_EQ(plain.max_seq_length(), 512) << (st_config ? "with" : "without") << " sentence_bert_config.json";
+  }
 }
 
 }  // namespace

@@ -41,6 +41,25 @@ TEST(ReLU, ValuesAndGradientAtZero) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(g[i], expected_g[i]);
 }
 
+// PyTorch: relu(NaN) = NaN (clamp_min), and threshold_backward passes the gradient where the
+// output is not <= 0, NaN included; ±inf as any number.
+TEST(ReLU, NaNAndInfinityAsPyTorch) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor<double> x({3}, {nan, inf, -inf});
+  const Tensor<double> y = mha::nn::relu(x);
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], inf);
+  EXPECT_EQ(y[2], 0.0);
+  const Tensor<double> g = mha::nn::relu_backward(x, Tensor<double>({3}, 2.0));
+  EXPECT_EQ(g[0], 2.0);
+  EXPECT_EQ(g[1], 2.0);
+  EXPECT_EQ(g[2], 0.0);
+  // bfloat16 the same.
+  const Tensor<mha::bfloat16> yh =
+      mha::nn::relu(Tensor<mha::bfloat16>({1}, mha::to_bfloat16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(mha::widen(yh[0])));
+}
+
 TEST(ReLU, GradientsMatchFiniteDifferences) {
   Generator gen(51);
   ReLU<double> layer;

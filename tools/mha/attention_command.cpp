@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend_option.h"
+#include "int_option.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/serialization.h"
@@ -211,16 +212,20 @@ void add_attention_command(CLI::App& app) {
       ->capture_default_str();
   add_backend_option(cmd, args->backend);
   // Module arguments: PyTorch's names and defaults.
-  cmd->add_option("--embed-dim", args->module.embed_dim, "embed_dim: total width of the model")->required();
-  cmd->add_option("--num-heads", args->module.num_heads, "num_heads: parallel attention heads")->required();
+  cmd->add_option("--embed-dim", args->module.embed_dim, "embed_dim: total width of the model")
+      ->required()
+      ->check(integer_bounds(1));
+  cmd->add_option("--num-heads", args->module.num_heads, "num_heads: parallel attention heads")
+      ->required()
+      ->check(integer_bounds(1));
   cmd->add_option("--dropout", args->module.dropout, "dropout probability on attention weights (training only)")
       ->capture_default_str();
   cmd->add_flag("--bias,!--no-bias", args->module.bias, "bias in the input/output projections (default on)");
   cmd->add_flag("--add-bias-kv,!--no-add-bias-kv", args->module.add_bias_kv, "add learned bias_k/bias_v to key/value");
   cmd->add_flag("--add-zero-attn,!--no-add-zero-attn", args->module.add_zero_attn,
                 "add a zero key/value to every sequence");
-  cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
-  cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  cmd->add_option("--kdim", args->kdim, "key feature size (default: embed_dim)")->check(integer_bounds(1));
+  cmd->add_option("--vdim", args->vdim, "value feature size (default: embed_dim)")->check(integer_bounds(1));
   cmd->add_flag("--batch-first,!--no-batch-first", args->module.batch_first, "inputs are (N, L, E) instead of (L, N, E)");
   cmd->add_option("--window", args->window,
                   "LEFT,RIGHT: a sliding window (FlashAttention-2's window_size): query i sees keys i - LEFT to "
@@ -237,7 +242,9 @@ void add_attention_command(CLI::App& app) {
   cmd->add_flag("--is-causal,!--no-is-causal", args->is_causal, "hint that attn_mask is the causal mask");
   // Mode.
   cmd->add_flag("--train,!--eval", args->train, "training mode (dropout active); default eval");
-  cmd->add_option("--seed", args->seed, "seed for initialisation and dropout")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "seed for initialisation and dropout")
+      ->check(unsigned_64())
+      ->capture_default_str();
   cmd->add_flag("--backward", args->backward, "also compute gradients for grad_output");
   cmd->add_flag("--timings", args->timings,
                 "print the wall-clock time of each stage (weights, read, forward, backward, write) to stderr");

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend_option.h"
+#include "int_option.h"
 #include "mha/attention/attention.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/blas_threads.h"
@@ -546,7 +547,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", args->json_path, "also write the results as JSON to this file");
   add_backend_option(cmd, args->backend);
   cmd->add_option("--repeats", args->repeats, "timed runs per measurement (the median is reported)")
-      ->check(CLI::Range(1, 1000))
+      ->check(integer_bounds(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "a few small shapes only (a smoke test)");
   CLI::Option* gemm = cmd->add_flag("--gemm", args->gemm,
@@ -565,13 +566,13 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--lengths", args->lengths, "with --context-parallel: sequence lengths L = S (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->check(integer_bounds(1, int64_t{1} << 30))
       ->capture_default_str();
-  cmd->add_option("--heads", args->heads, "with --context-parallel: query heads")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--heads", args->heads, "with --context-parallel: query heads")->check(integer_bounds(1, 4096))->capture_default_str();
   cmd->add_option("--kv-heads", args->kv_heads, "with --context-parallel: key/value heads")
-      ->check(CLI::Range(1, 4096))
+      ->check(integer_bounds(1, 4096))
       ->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "with --context-parallel: head size")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "with --context-parallel: head size")->check(integer_bounds(1, 4096))->capture_default_str();
   cmd->add_flag("--causal,!--no-causal", args->causal, "with --context-parallel: top-left causal (default on)");
   cmd->add_flag("--backward,!--no-backward", args->backward, "with --context-parallel: also time the backward");
   cmd->callback([args] {

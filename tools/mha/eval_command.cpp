@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "int_option.h"
 #include "mha/core/blas_threads.h"
 #include "mha/core/escape.h"
 #include "mha/data/fashion_mnist.h"
@@ -65,7 +66,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--split", args->split, "which set")->check(CLI::IsMember({"test", "train"}))->capture_default_str();
   cmd->add_option("--confusion-png", args->confusion_png, "also draw the confusion matrix into this PNG");
   cmd->add_option("--batch-size", args->batch_size, "images per forward pass")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->check(integer_bounds(1, int64_t{1} << 20))
       ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }

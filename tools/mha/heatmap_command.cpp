@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "int_option.h"
 #include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
 #include "mha/viz/heatmap.h"
@@ -105,6 +106,7 @@ void add_heatmap_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--tensor", args->tensor, "name of the weights tensor")->capture_default_str();
   CLI::Option* batch = cmd->add_option("--batch", args->batch, "batch element to draw (for batched weights)")
+                           ->check(integer_bounds(0))
                            ->capture_default_str();
   cmd->add_option("--output", args->output_path, "where to write the picture (.png)")->required();
   cmd->add_option("--tokens", args->tokens, "whitespace-separated tokens for both axes (self-attention)");
@@ -112,7 +114,7 @@ void add_heatmap_command(CLI::App& app) {
   cmd->add_option("--key-tokens", args->key_tokens, "whitespace-separated column labels (S tokens)");
   cmd->add_option("--title", args->title, "a line of text above the panels");
   cmd->add_option("--cell-size", args->cell_size, "pixels per weight, 1..256; 0 chooses one")
-      ->check(CLI::Range(0, 256))
+      ->check(integer_bounds(0, 256))
       ->capture_default_str();
   cmd->callback([args, batch] { run(*args, batch->count() > 0); });
 }

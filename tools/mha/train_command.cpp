@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "int_option.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
@@ -293,7 +294,7 @@ void add_train_command(CLI::App& app) {
   };
   using Model = models::AttentionClassifierConfig;
   using Config = train::TrainingConfig;
-  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 20);
+  const auto positive = integer_bounds(1, int64_t{1} << 20);
   model_option(cmd->add_option("--width", m.embed_dim, "embedding width E (needs --input-projection unless 28)")
                    ->check(positive)->capture_default_str(), &Model::embed_dim);
   model_option(cmd->add_option("--heads", m.num_heads, "attention heads (must divide the width)")
@@ -315,22 +316,23 @@ void add_train_command(CLI::App& app) {
   config_option(cmd->add_option("--epochs", c.epochs, "epochs")->check(positive)->capture_default_str(), &Config::epochs);
   config_option(cmd->add_option("--batch-size", c.batch_size, "batch size")->check(positive)->capture_default_str(),
                 &Config::batch_size);
-  config_option(cmd->add_option("--lr", c.lr, "peak learning rate (AdamW)")->check(CLI::NonNegativeNumber)
+  config_option(cmd->add_option("--lr", c.lr, "peak learning rate (AdamW)")->check(non_negative_number())
                     ->capture_default_str(), &Config::lr);
   config_option(cmd->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine")
-                    ->check(CLI::NonNegativeNumber)->capture_default_str(), &Config::min_lr);
+                    ->check(non_negative_number())->capture_default_str(), &Config::min_lr);
   config_option(cmd->add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")
-                    ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()))->capture_default_str(),
+                    ->check(integer_bounds(0))->capture_default_str(),
                 &Config::warmup_steps);
   config_option(cmd->add_option("--weight-decay", c.weight_decay, "AdamW's decoupled weight decay")
-                    ->check(CLI::NonNegativeNumber)->capture_default_str(), &Config::weight_decay);
-  config_option(cmd->add_option("--seed", c.seed, "seed: initial weights, shuffling, dropout")->capture_default_str(),
+                    ->check(non_negative_number())->capture_default_str(), &Config::weight_decay);
+  config_option(cmd->add_option("--seed", c.seed, "seed: initial weights, shuffling, dropout")
+                    ->check(unsigned_64())->capture_default_str(),
                 &Config::seed);
   config_option(cmd->add_option("--train-limit", c.train_limit, "use the first N training images (0 = all 60000)")
-                    ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()))->capture_default_str(),
+                    ->check(integer_bounds(0))->capture_default_str(),
                 &Config::train_limit);
   config_option(cmd->add_option("--test-limit", c.test_limit, "use the first N test images (0 = all 10000)")
-                    ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()))->capture_default_str(),
+                    ->check(integer_bounds(0))->capture_default_str(),
                 &Config::test_limit);
   cmd->add_option("--data-dir", args->data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
@@ -343,11 +345,11 @@ void add_train_command(CLI::App& app) {
                   "also write every epoch's sample order (.safetensors, I64 tensors epoch_<e>)");
   cmd->add_option("--step-log", args->step_log, "also write step, learning rate and loss of every step (TSV)");
   cmd->add_option("--max-steps", args->max_steps, "stop after N steps without evaluating or saving (benchmarks)")
-      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+      ->check(integer_bounds(1));
   cmd->add_option("--stop-after", args->stop_after,
                   "train at most N epochs in this run, then stop (continue later with --resume)")
-      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
-  cmd->add_option("--threads", args->threads, "OpenMP threads (default: all cores)")->check(CLI::Range(1, 4096));
+      ->check(integer_bounds(1));
+  cmd->add_option("--threads", args->threads, "OpenMP threads (default: all cores)")->check(integer_bounds(1, 4096));
   cmd->callback([args] {
 #if MHA_WITH_MPI
     if (under_mpirun()) {

@@ -77,7 +77,8 @@ class SentenceEncoder {
 };
 
 // The tokens per sentence (special tokens included) a model directory truncates to:
-// sentence_bert_config.json's max_seq_length when present, else tokenizer_config.json's
+// sentence_bert_config.json's max_seq_length when present in a sentence-transformers directory
+// (one with modules.json, as sentence-transformers reads it), else tokenizer_config.json's
 // model_max_length, at most config.json's max_position_embeddings. Errors name file and field.
 int64_t model_max_length(const std::string& directory, const WordPieceTokenizer& tokenizer);
 
