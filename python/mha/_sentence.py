@@ -1,12 +1,22 @@
 """mha.SentenceEncoder: sentence embeddings from a sentence-transformers model directory."""
 from __future__ import annotations
 
+import numbers
 import os
 
 import numpy as np
 
 from . import _core, _mha
 from ._core import ArgumentError
+
+
+def _check_utf8(name, text):
+    """A str can hold a lone surrogate ("\\ud800", e.g. from a surrogateescape decode) that UTF-8
+    cannot encode; the binding would refuse it with a TypeError that names nothing."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ArgumentError(f"{name}: not valid UTF-8: a lone surrogate {text[e.start]!r} at index {e.start}") from None
 
 
 class SentenceEncoder:
@@ -29,14 +39,24 @@ class SentenceEncoder:
     def __init__(self, model_dir, dtype="float32"):
         if not isinstance(model_dir, (str, os.PathLike)):
             raise TypeError(f"model_dir: expected a path (str or os.PathLike), got {type(model_dir).__name__}")
+        model_dir = os.fspath(model_dir)
+        if not isinstance(model_dir, str):
+            raise TypeError(f"model_dir: expected a str path, got {type(model_dir).__name__}")
         if not isinstance(dtype, str):
             try:
-                dtype = np.dtype(dtype).name
+                name = np.dtype(dtype).name if dtype is not None else None  # (np.dtype(None) is float64)
             except TypeError:
-                raise TypeError(f"dtype: expected \"float32\" or \"bfloat16\" (a str or a numpy dtype), got "
-                                f"{dtype!r}") from None
+                name = None
+            if name is None:
+                raise TypeError("dtype: expected \"float32\" or \"bfloat16\" (a str or a numpy dtype), got "
+                                f"{dtype!r}")
+            dtype = name
+        # A str can hold a lone surrogate (a name os.fsdecode made of bytes that are not UTF-8),
+        # which the binding would refuse with a TypeError that names nothing.
+        for name, text in (("model_dir", model_dir), ("dtype", dtype)):
+            _check_utf8(name, text)
         try:
-            self._encoder = _mha.SentenceEncoder(os.fspath(model_dir), dtype)
+            self._encoder = _mha.SentenceEncoder(model_dir, dtype)
         except ValueError as e:
             raise ArgumentError(str(e)) from None
 
@@ -60,20 +80,17 @@ class SentenceEncoder:
         shape (dimension,)). batch_size sentences are encoded together (sorted by length, as
         sentence-transformers does); the result does not depend on it. The GIL is released.
         A sentence with a lone surrogate (not valid UTF-8) raises ArgumentError naming its index."""
+        if isinstance(sentences, (bytes, bytearray)):
+            raise TypeError(f"sentences: expected a str or a list of str, got {type(sentences).__name__}")
         single = isinstance(sentences, str)
         items = [sentences] if single else list(sentences)
         for i, s in enumerate(items):
             if not isinstance(s, str):
                 raise TypeError(f"sentences[{i}]: expected str, got {type(s).__name__}")
-            # A str can hold a lone surrogate ("\ud800", e.g. from a surrogateescape decode) that
-            # UTF-8 cannot encode; the binding would refuse it with a TypeError that names nothing.
-            try:
-                s.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ArgumentError(f"sentences[{i}]: not valid UTF-8: a lone surrogate {s[e.start]!r} at index "
-                                    f"{e.start}") from None
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            _check_utf8(f"sentences[{i}]", s)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size < 2**63:
             raise ArgumentError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        batch_size = int(batch_size)
         try:
             out = self._encoder.encode(items, batch_size, _core.get_num_threads())
         except ValueError as e:

@@ -98,11 +98,21 @@ def test_bad_arguments(encoder, tmp_path):
         encoder.encode(["fine", "a\ud800b"])
     with pytest.raises(mha.ArgumentError, match=r"sentences\[0\]"):
         encoder.encode("\udcff")
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1, 2.5, True, 2**63):
         with pytest.raises(mha.ArgumentError, match="batch_size"):
             encoder.encode(["x"], batch_size=bad)
+    assert encoder.encode(["x"], batch_size=np.int64(4)).shape == (1, encoder.dimension)  # any integer type
+    with pytest.raises(TypeError, match="sentences: expected a str or a list of str, got bytes"):
+        encoder.encode(b"abc")
     with pytest.raises(TypeError, match="model_dir"):
         mha.SentenceEncoder(42)
+    # A path or dtype holding a lone surrogate (os.fsdecode of a name that is not UTF-8): named.
+    with pytest.raises(mha.ArgumentError, match=r"model_dir: not valid UTF-8: a lone surrogate '\\udce9'"):
+        mha.SentenceEncoder(str(tmp_path) + "/caf\udce9")
+    with pytest.raises(mha.ArgumentError, match=r"dtype: not valid UTF-8"):
+        mha.SentenceEncoder(MODEL, dtype="bf\ud800")
+    with pytest.raises(TypeError, match="dtype: expected .* got None"):
+        mha.SentenceEncoder(MODEL, dtype=None)
     with pytest.raises(mha.ArgumentError, match=r'dtype: expected "float32" or "bfloat16", got "float16"'):
         mha.SentenceEncoder(MODEL, dtype=np.float16)
     with pytest.raises(TypeError, match="dtype: expected"):
