@@ -409,11 +409,13 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     return output, logsumexp, weights
 
 
-def _check_like(name, x, shape, dtype):
+def _check_like(name, x, shape, dtype, source="the forward's inputs"):
+    """x as an array of `shape` and `dtype` (from `source`): a wrong dtype is a type error."""
     x = _array(name, x)
     if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
-        raise ArgumentError(f"{name}: expected shape {_shape(shape)} and dtype {dtype} (from the forward's inputs), "
-                            f"got shape {_shape(x.shape)} and dtype {x.dtype}")
+        error = ArgumentTypeError if x.dtype != dtype else ArgumentError
+        raise error(f"{name}: expected shape {_shape(shape)} and dtype {dtype} (from {source}), "
+                    f"got shape {_shape(x.shape)} and dtype {x.dtype}")
     return x
 
 
@@ -472,11 +474,11 @@ def merge_attention_states(outputs, logsumexps):
     merged_lse = np.full((1, 1, rows), -np.inf)
     for n, (out, lse) in enumerate(zip(outputs, logsumexps)):
         name = "ab"[n] if n < 2 else str(n)
-        out = _check_like(f"output_{name}", out, shape, first.dtype)
+        out = _check_like(f"output_{name}", out, shape, first.dtype, "output_a")
         lse = _array(f"lse_{name}", lse)
         floating = np.issubdtype(lse.dtype, np.floating) or lse.dtype == BFLOAT16
         if tuple(lse.shape) != tuple(shape[:-1]) or not floating:
-            raise ArgumentError(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
+            raise (ArgumentError if floating else ArgumentTypeError)(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
                                 f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
                                 f"{lse.dtype}")
         _call(_function("merge_partial", first.dtype), merged, merged_lse,

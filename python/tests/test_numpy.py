@@ -336,21 +336,24 @@ def test_forward_errors(case):
 
 OUT, LSE = mha.scaled_dot_product_attention(Q, K, V, return_logsumexp=True)
 
-BACKWARD_ERRORS = {
-    "grad_output_shape": (dict(grad_output=OUT[:, :, :2]), "grad_output: expected shape (2, 4, 3, 8) and dtype float64"),
-    "grad_output_dtype": (dict(grad_output=OUT.astype(np.float32)), "got shape (2, 4, 3, 8) and dtype float32"),
-    "output_without_logsumexp": (dict(logsumexp=None), "output, logsumexp: expected both"),
-    "logsumexp_dtype": (dict(logsumexp=LSE.astype(np.float32)), "logsumexp: expected shape (2, 4, 3) and dtype float64"),
-    "output_shape": (dict(output=OUT[0]), "output: expected shape"),
-    "dropout_without_seed": (dict(dropout_p=0.5), "dropout_seed"),
+BACKWARD_ERRORS = {  # a wrong dtype is a type error (a TypeError), as in the forward
+    "grad_output_shape": (dict(grad_output=OUT[:, :, :2]), mha.ArgumentError,
+                          "grad_output: expected shape (2, 4, 3, 8) and dtype float64"),
+    "grad_output_dtype": (dict(grad_output=OUT.astype(np.float32)), mha.ArgumentTypeError,
+                          "got shape (2, 4, 3, 8) and dtype float32"),
+    "output_without_logsumexp": (dict(logsumexp=None), mha.ArgumentError, "output, logsumexp: expected both"),
+    "logsumexp_dtype": (dict(logsumexp=LSE.astype(np.float32)), mha.ArgumentTypeError,
+                        "logsumexp: expected shape (2, 4, 3) and dtype float64"),
+    "output_shape": (dict(output=OUT[0]), mha.ArgumentError, "output: expected shape"),
+    "dropout_without_seed": (dict(dropout_p=0.5), mha.ArgumentError, "dropout_seed"),
 }
 
 
 @pytest.mark.parametrize("case", BACKWARD_ERRORS)
 def test_backward_errors(case):
-    changes, message = BACKWARD_ERRORS[case]
+    changes, exception, message = BACKWARD_ERRORS[case]
     arguments = dict(dict(grad_output=OUT, query=Q, key=K, value=V, output=OUT, logsumexp=LSE), **changes)
-    with pytest.raises(mha.ArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(exception, match=message.replace("(", r"\(").replace(")", r"\)")):
         mha.scaled_dot_product_attention_backward(**arguments)
 
 

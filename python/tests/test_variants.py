@@ -220,6 +220,13 @@ def test_merge_attention_states_gives_the_whole_call():
                                                 torch.zeros_like(torch.from_numpy(b)), empty)
     np.testing.assert_array_equal(out.numpy(), a)
     np.testing.assert_array_equal(lse.numpy(), lse_a)
+    # Wrong dtypes are type errors (TypeError), wrong shapes value errors, each named.
+    with pytest.raises(mha.ArgumentTypeError, match=r"output_b: expected .* dtype float64 \(from output_a\)"):
+        mha.torch.merge_attention_states(*map(torch.from_numpy, (a, lse_a, b.astype(np.float32), lse_b)))
+    with pytest.raises(mha.ArgumentTypeError, match="lse_b: expected a floating-point array"):
+        mha.torch.merge_attention_states(*map(torch.from_numpy, (a, lse_a, b, lse_b.astype(np.int64))))
+    with pytest.raises(mha.ArgumentError, match="lse_b: expected a floating-point array of shape"):
+        mha.torch.merge_attention_states(*map(torch.from_numpy, (a, lse_a, b, np.ascontiguousarray(lse_b[..., :1]))))
 
 
 @pytest.mark.parametrize("case", VARIANT_CASES)

@@ -160,7 +160,12 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   s.whole_call = whole_call(s.whole_call, p);
   check(s.window_left >= -1, "window_left: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_left);
   check(s.window_right >= -1, "window_right: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_right);
+  check(s.causal == Causal::none || s.causal == Causal::top_left || s.causal == Causal::bottom_right,
+        "causal: expected none, top_left or bottom_right, got the value ", static_cast<int>(s.causal));
   check(std::isfinite(s.softcap) && s.softcap >= 0.0, "softcap: expected 0 (none) or a finite cap > 0, got ", s.softcap);
+  // (The kernels keep the cap as a float, where one below float's least subnormal would be 0: none.)
+  check(s.softcap == 0.0 || static_cast<float>(s.softcap) > 0.0f,
+        "softcap: expected 0 (none) or a cap of at least 1.4e-45 (float's least subnormal), got ", s.softcap);
   if (s.scale) {
     check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
     p.scale = *s.scale;

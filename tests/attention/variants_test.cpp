@@ -367,6 +367,18 @@ TEST(Variants, BadValuesAreRefused) {
     opt.softcap = cap;
     expect_error([&] { sdpa_forward(q, k, v, opt); }, "softcap: expected 0 (none) or a finite cap > 0, got ");
   }
+  {  // a cap the kernels' float would hold as 0 (no cap): refused, not dropped; float's least holds
+    Options<float> opt;
+    opt.softcap = 1e-46;
+    expect_error([&] { sdpa_forward(q, k, v, opt); }, "softcap: expected 0 (none) or a cap of at least 1.4e-45");
+    opt.softcap = 1.5e-45;
+    EXPECT_NO_THROW(sdpa_forward(q, k, v, opt));
+  }
+  {  // a Causal that is none of its values
+    Options<float> opt;
+    opt.causal = static_cast<Causal>(7);
+    expect_error([&] { sdpa_forward(q, k, v, opt); }, "causal: expected none, top_left or bottom_right, got the value 7");
+  }
   const Tensor<float> per_batch({2, 4}, 0.5f), too_few({2}, 0.5f), nan_one({4}, {0, std::nanf(""), 0, 0}),
       plus_inf({4}, {0, 0, std::numeric_limits<float>::infinity(), 0});
   Options<float> opt;

@@ -93,7 +93,7 @@ TEST_F(CliErrors, BadFlagsAndSubcommands) {
 }
 
 // Number flags name the flag and the bound, not CLI11's range of doubles (PositiveNumber's upper
-// end is 309 digits long), and are read whole and exactly (tools/mha/int_option.h).
+// end is 309 digits long), and are read whole and exactly (tools/mha/number_flags.h).
 TEST_F(CliErrors, IntegerFlagsSayWhatTheyExpect) {
   const std::string in = " --model " + path("nowhere") + " --input " + path("in.txt") + " --output " +
                          path("out.safetensors");

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend_option.h"
-#include "int_option.h"
+#include "number_flags.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/serialization.h"

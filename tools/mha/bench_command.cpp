@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backend_option.h"
-#include "int_option.h"
+#include "number_flags.h"
 #include "mha/attention/attention.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/blas_threads.h"

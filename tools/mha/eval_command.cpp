@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "int_option.h"
+#include "number_flags.h"
 #include "mha/core/blas_threads.h"
 #include "mha/core/escape.h"
 #include "mha/data/fashion_mnist.h"

@@ -8,7 +8,7 @@
 #include "mha/models/sentence_encoder.h"
 #include "mha/models/text_lines.h"
 #include "input_path.h"
-#include "int_option.h"
+#include "number_flags.h"
 #include "output_path.h"
 
 namespace mha::tools {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "int_option.h"
+#include "number_flags.h"
 #include "mha/core/atomic_file.h"
 #include "mha/core/escape.h"
 #include "mha/core/safetensors.h"
