@@ -478,9 +478,9 @@ def merge_attention_states(outputs, logsumexps):
         lse = _array(f"lse_{name}", lse)
         floating = np.issubdtype(lse.dtype, np.floating) or lse.dtype == BFLOAT16
         if tuple(lse.shape) != tuple(shape[:-1]) or not floating:
-            raise (ArgumentError if floating else ArgumentTypeError)(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the "
-                                f"output's without its last dimension), got shape {_shape(lse.shape)} and dtype "
-                                f"{lse.dtype}")
+            error = ArgumentError if floating else ArgumentTypeError
+            raise error(f"lse_{name}: expected a floating-point array of shape {_shape(shape[:-1])} (the output's "
+                        f"without its last dimension), got shape {_shape(lse.shape)} and dtype {lse.dtype}")
         _call(_function("merge_partial", first.dtype), merged, merged_lse,
               _bits(np.ascontiguousarray(out).reshape(1, 1, rows, shape[-1])),
               np.ascontiguousarray(lse, dtype=np.float64).reshape(1, 1, rows))
