@@ -51,9 +51,8 @@ struct PackedKv {
 struct Scratch {
   size_t dv_padded;
   Buffer<float> scores, bias, factors, out, q_scaled, lse_hi, lse_lo;
-  Buffer<double> row_max;  // the online softmax's m (online_softmax_tile)
   Buffer<bfloat16> q_pairs, p_pairs;  // with bf16 pairs: Q (row stride Dqk rounded up to even) and P
-  Buffer<double> row_sum;
+  Buffer<double> row_max, row_sum;  // the online softmax's m and l (online_softmax_tile)
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
 
@@ -64,11 +63,11 @@ struct Scratch {
         factors(p.dropout() ? kForwardQueries * kForwardKeys : 0),
         out(kForwardQueries * dv_padded),
         q_scaled(kForwardQueries * Dqk),
-        row_max(kForwardQueries),
         lse_hi(kForwardQueries),
         lse_lo(kForwardQueries),
         q_pairs(pairs ? kForwardQueries * round_up(Dqk, 2) : 0),
         p_pairs(pairs ? kForwardQueries * kForwardKeys : 0),
+        row_max(kForwardQueries),
         row_sum(kForwardQueries),
         first(kForwardQueries),
         end(kForwardQueries),
