@@ -51,9 +51,7 @@ class SentenceEncoder:
                 raise TypeError("dtype: expected \"float32\" or \"bfloat16\" (a str or a numpy dtype), got "
                                 f"{dtype!r}")
             dtype = name
-        # A str can hold a lone surrogate (a name os.fsdecode made of bytes that are not UTF-8),
-        # which the binding would refuse with a TypeError that names nothing.
-        for name, text in (("model_dir", model_dir), ("dtype", dtype)):
+        for name, text in (("model_dir", model_dir), ("dtype", dtype)):  # (os.fsdecode gives surrogates)
             _check_utf8(name, text)
         try:
             self._encoder = _mha.SentenceEncoder(model_dir, dtype)

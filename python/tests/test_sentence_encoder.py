@@ -106,6 +106,13 @@ def test_bad_arguments(encoder, tmp_path):
         encoder.encode(b"abc")
     with pytest.raises(TypeError, match="model_dir"):
         mha.SentenceEncoder(42)
+
+    class BytesPath:  # an os.PathLike whose path is bytes
+        def __fspath__(self):
+            return b"/models"
+
+    with pytest.raises(TypeError, match="model_dir: expected a str path, got bytes"):
+        mha.SentenceEncoder(BytesPath())
     # A path or dtype holding a lone surrogate (os.fsdecode of a name that is not UTF-8): named.
     with pytest.raises(mha.ArgumentError, match=r"model_dir: not valid UTF-8: a lone surrogate '\\udce9'"):
         mha.SentenceEncoder(str(tmp_path) + "/caf\udce9")

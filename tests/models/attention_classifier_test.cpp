@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -176,6 +177,19 @@ TEST(AttentionClassifier, FusedPathMatchesModulePathWithDropoutAndRealShapes) {
   wide.input_projection = wide.learned_positions = wide.pre_norm = true;
   expect_fused_matches_module<double>(wide, 18, 1e-12, true);
   expect_fused_matches_module<float>(wide, 18, 1e-4, true);
+}
+
+// A NaN reaching the ReLU stays NaN on both paths, as in PyTorch (relu(NaN) = NaN): a checkpoint
+// with a NaN in fc1 gives NaN logits, not a finite loss (the ReLU had mapped NaN to 0).
+TEST(AttentionClassifier, NaNThroughTheReluOnBothPaths) {
+  const AttentionClassifierConfig c = small_config(false, false, false, 1);
+  for (ComputePath path : {ComputePath::fused, ComputePath::module}) {
+    AttentionClassifier<float> model(c, 3, path);
+    for (auto& p : model.parameters())
+      if (p.name == "fc1.bias") (*p.value)[0] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor<float> y = model.forward(random_tensor<float>({2, c.sequence_length, c.input_dim}, 5), nullptr);
+    for (float v : y.values()) EXPECT_TRUE(std::isnan(v)) << (path == ComputePath::fused ? "fused" : "module");
+  }
 }
 
 // The SIMD kernels (attention, LayerNorm) run on the best target by default; every compiled
