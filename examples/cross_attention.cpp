@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   if (!files.parse(argc, argv,
                    "Self- and cross-attention with q/k head size 16, v head size 32 and a (B, L, S) mask.",
-                   exit_code))
+                   exit_code, /*draws=*/true))
     return exit_code;
   return mha::examples::run_example([&] {
     std::printf(

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   if (!files.parse(argc, argv,
                    "The first tutorial's sentence through an embedding and 8-head self-attention.",
-                   exit_code))
+                   exit_code, /*draws=*/true))
     return exit_code;
   return mha::examples::run_example([&] {
     const std::string sentence = "this is an example sentence";

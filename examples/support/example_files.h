@@ -6,8 +6,8 @@
 //             [--heatmap P.png]
 //
 // Without --weights the example initialises itself from its seed; without --inputs it makes its
-// own inputs; without --output it only prints. --heatmap draws its attention weights (examples
-// that have one picture to show).
+// own inputs; without --output it only prints. --heatmap draws its attention weights: only the
+// examples that have one picture to show take it (parse's `draws`).
 #include <CLI/CLI.hpp>
 
 #include <csignal>
@@ -26,9 +26,9 @@ namespace mha::examples {
 struct ExampleFiles {
   std::string weights, inputs, output, heatmap;
 
-  // Parses the three options; returns false when the program should exit (help or bad flag)
-  // with `exit_code` set.
-  bool parse(int argc, char** argv, const std::string& description, int& exit_code) {
+  // Parses the options (--heatmap where the example `draws`); returns false when the program
+  // should exit (help or bad flag) with `exit_code` set.
+  bool parse(int argc, char** argv, const std::string& description, int& exit_code, bool draws = false) {
     CLI::App app{description};
     // CLI11's messages quote the flags as given (a value, a path that does not exist): escaped.
     app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
@@ -38,7 +38,7 @@ struct ExampleFiles {
         ->check(CLI::ExistingFile);
     app.add_option("--inputs", inputs, "take the inputs from this file")->check(CLI::ExistingFile);
     app.add_option("--output", output, "write the results to this file");
-    app.add_option("--heatmap", heatmap, "draw the attention weights into this PNG file");
+    if (draws) app.add_option("--heatmap", heatmap, "draw the attention weights into this PNG file");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -197,7 +197,8 @@ def viewable(x):
     of the element size, the last dimension contiguous; otherwise a contiguous copy."""
     flags = x.flags
     if flags.c_contiguous and flags.aligned and x.size:  # the common case, checked first: it is per call
-        return x
+        # numpy calls an array contiguous whatever the stride of a size-1 dimension, negative too
+        return x if all(s >= 0 for s in x.strides) else x.copy()
     if x.size == 0:
         return np.empty(x.shape, dtype=x.dtype)  # no memory to share; fresh strides are never negative
     item = x.itemsize
@@ -247,12 +248,21 @@ def check_inputs(query, key, value):
     return query, key, value
 
 
+def _finite(x):
+    """Whether the real number x is finite (an int past float's range is not: mha takes doubles)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def check_window(window_size):
-    """(left, right) as two ints, each -1 (unbounded) or >= 0."""
+    """(left, right) as two ints, each -1 (unbounded) or in [0, 2**63)."""
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < -1 for w in window_size)):
-        raise ArgumentError(f"window_size: expected (left, right), each -1 (unbounded) or a number of keys >= 0, "
-                            f"got {window_size!r}")
+            or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or not -1 <= w < 2**63
+                   for w in window_size)):
+        raise ArgumentError(f"window_size: expected (left, right), each -1 (unbounded) or a number of keys in "
+                            f"[0, 2**63), got {window_size!r}")
     return int(window_size[0]), int(window_size[1])
 
 
@@ -267,14 +277,16 @@ def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
             raise ArgumentError("attn_mask: expected None when is_causal=True (PyTorch's rule: the causal "
                                 "mask replaces it), got a mask")
         attn_mask = _array("attn_mask", attn_mask)
-        if attn_mask.dtype not in (np.bool_, dtype) and not (dtype in _HALF and attn_mask.dtype == np.float32):
-            also = " or float32" if dtype in _HALF else ""
+        # PyTorch's rule: bool, the query's dtype, or float32 (with a float64 query widened exactly)
+        if attn_mask.dtype not in (np.bool_, dtype, np.float32):
+            also = "" if dtype == np.float32 else " or float32"
             raise ArgumentTypeError(f"attn_mask: expected dtype bool (True = may attend) or {dtype}{also} (added to "
                                     f"the scores), got {attn_mask.dtype}")
+        if dtype == np.float64 and attn_mask.dtype == np.float32:
+            attn_mask = attn_mask.astype(np.float64)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ArgumentError(f"dropout_p: expected a probability in [0, 1], got {dropout_p!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-                              or not math.isfinite(scale)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not _finite(scale)):
         raise ArgumentError(f"scale: expected None (1/sqrt(head_dim)) or a finite number, got {scale!r}")
     if dropout_seed is None and dropout_p > 0:
         raise ArgumentError("dropout_seed: expected an integer seed when dropout_p > 0 (backward needs the "
@@ -324,26 +336,34 @@ def _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap):
     scoring.dropout_p = float(dropout_p)
     scoring.dropout_seed = int(dropout_seed or 0)
     scoring.window_left, scoring.window_right = check_window(window_size)
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (softcap == 0 or 0 < softcap < math.inf):
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (softcap == 0 or (softcap > 0 and _finite(softcap))):
         raise ArgumentError(f"softcap: expected 0 (none) or a finite cap > 0, got {softcap!r}")
     scoring.softcap = float(softcap)
     return scoring
 
 
 class Variants:
-    """The per-call arrays beside the masks, brought to what the binding takes (mha checks their
-    shapes): sinks (Hq) and ALiBi slopes (Hq) or (*batch, Hq) in the query's dtype, the batch
-    dimensions flattened; packed offsets cu_seqlens_q / cu_seqlens_k (int32 or int64) as int64."""
+    """The per-call arrays beside the masks, brought to what the binding takes (mha checks the rest
+    of their shapes): sinks (Hq) and ALiBi slopes (Hq) or (*batch, Hq) in the query's dtype (bits():
+    the batch dimensions flattened); packed offsets cu_seqlens_q / cu_seqlens_k (int32 or int64) as
+    int64."""
 
     __slots__ = ("sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
 
-    def __init__(self, dtype, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    def __init__(self, dtype, batch, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
         self.sinks = self._values("sinks", sinks, dtype)
         self.alibi_slopes = self._values("alibi_slopes", alibi_slopes, dtype)
-        if self.alibi_slopes is not None and self.alibi_slopes.ndim > 2:
-            self.alibi_slopes = self.alibi_slopes.reshape(-1, self.alibi_slopes.shape[-1])
         self.cu_seqlens_q = self._offsets("cu_seqlens_q", cu_seqlens_q)
         self.cu_seqlens_k = self._offsets("cu_seqlens_k", cu_seqlens_k)
+        slopes = self.alibi_slopes
+        if slopes is not None and slopes.ndim > 1:
+            # (N, Hq) for N packed sequences (mha checks N), else (*batch, Hq): the call's batch dimensions
+            packed = self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
+            if slopes.ndim > 2 if packed else slopes.shape[:-1] != tuple(batch):
+                want = ("(Hq,) or (N, Hq) for N packed sequences" if packed else
+                        f"(Hq,) or (*batch, Hq) = ({', '.join(map(str, batch))}, Hq)" if batch else
+                        "(Hq,) (the inputs have no batch dimension)")
+                raise ArgumentError(f"alibi_slopes: expected shape {want}, got {_shape(slopes.shape)}")
 
     @staticmethod
     def _values(name, x, dtype):
@@ -367,7 +387,10 @@ class Variants:
         return self.sinks, self.alibi_slopes, self.cu_seqlens_q, self.cu_seqlens_k
 
     def bits(self):
-        return _bits(self.sinks), _bits(self.alibi_slopes), self.cu_seqlens_q, self.cu_seqlens_k
+        slopes = self.alibi_slopes
+        if slopes is not None and slopes.ndim > 2:  # mha takes (B, Hq), the batch dimensions flattened
+            slopes = slopes.reshape(-1, slopes.shape[-1])
+        return _bits(self.sinks), _bits(slopes), self.cu_seqlens_q, self.cu_seqlens_k
 
 
 def _call(fn, *arguments):
@@ -389,7 +412,7 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
     scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
-    variants = Variants(query.dtype, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    variants = Variants(query.dtype, layout.batch, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     if _as_float_call(query.dtype, attn_mask):
         output, logsumexp, weights = forward(
             _widened(query), _widened(key), _widened(value), attn_mask, dropout_p, causal, scale, enable_gqa,
@@ -428,7 +451,7 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
     scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
-    variants = Variants(query.dtype, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    variants = Variants(query.dtype, layout.batch, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     if (output is None) != (logsumexp is None):
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")

@@ -23,12 +23,14 @@ each reason.
 """
 
 import contextlib
+import operator
 import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _core, _mha
@@ -176,7 +178,23 @@ def _unsupported_tensors(tensors):
             return "nested tensors"
         if t.layout != torch.strided:
             return "a layout other than strided (sparse tensors)"
+        # mha's operators read the tensors' memory: torch.func's wrapped tensors have none, and a
+        # dual tensor's tangent would be dropped (the operators have no batching rule or jvp).
+        # (torch.compile traces the transforms itself, and calls the operators)
+        if not torch.compiler.is_compiling() and (torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                                  or forward_ad.unpack_dual(t).tangent is not None):
+            return "a torch.func transform or forward-mode AD (mha's operators have neither a batching rule nor a jvp)"
     return None
+
+
+def _autocast(*tensors):
+    """The tensors as PyTorch's CPU autocast gives them to its SDPA and nn.MultiheadAttention: inside
+    torch.autocast("cpu"), each floating-point tensor but a float64 one in the autocast dtype."""
+    if not torch.is_autocast_enabled("cpu"):
+        return tensors
+    dtype = torch.get_autocast_dtype("cpu")
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
 
 
 def _unsupported(query, key, value, attn_mask):
@@ -297,6 +315,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 attn_mask, is_causal = None, True
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
+    query, key, value, mask = _autocast(query, key, value, mask)
     output, _ = _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap, sinks,
                            alibi_slopes)
     return output
@@ -307,13 +326,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # layouts and semantics, so that code written for flash-attn runs unchanged. Its (B, S, H, D) and
 # (total, H, D) tensors are read in place as mha's (B, H, S, D) and (1, H, total, D) views.
 
-def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs):
+def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, dims):
+    """dims: the tensors' dimensions, "(batch, seqlen, nheads, headdim)" or "(total, nheads, headdim)"."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise _core.ArgumentTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != dims.count(",") + 1:
+            raise _core.ArgumentError(f"{name}: expected {dims.count(',') + 1} dimensions {dims}, got shape "
+                                      f"{_core._shape(tuple(x.shape))}")
     reason = _unsupported(q, k, v, None)
     if reason is not None:
-        raise _core.ArgumentError(f"q, k, v: mha runs floating-point CPU tensors, got {reason}")
+        raise _core.ArgumentError(f"q, k, v: expected floating-point CPU tensors mha can read, got {reason}")
     for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
         if not isinstance(flag, bool):
             raise _core.ArgumentTypeError(f"{name}: expected a bool, got {type(flag).__name__}")
@@ -334,7 +357,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     its tests. deterministic: mha's backward is always deterministic (bitwise the same for any
     thread count). Differentiable in q, k, v and sinks; torch.compile(fullgraph=True) keeps it whole.
     """
-    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs)
+    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs,
+                                 "(batch, seqlen, nheads, headdim)")
     out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
                           "bottom_right" if causal else "none", softmax_scale, True, _core.check_window(window_size),
                           softcap, sinks, alibi_slopes)
@@ -352,7 +376,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     at least the longest sequence's. Returns out (total_q, Hq, D); with return_attn_probs,
     (out, softmax_lse (Hq, total_q) float32, None). block_table (paged KV) is not supported.
     """
-    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs)
+    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, "(total, nheads, headdim)")
     if block_table is not None:
         raise _core.ArgumentError("block_table: expected None (mha does not read paged KV caches), got a tensor")
     for name, cu, longest in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q), ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k)):
@@ -360,11 +384,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise _core.ArgumentTypeError(f"{name}: expected a 1-D int32 or int64 tensor of N + 1 offsets, got "
                                           f"{type(cu).__name__ if not isinstance(cu, Tensor) else cu.dtype}"
                                           f"{'' if not isinstance(cu, Tensor) else ' ' + _core._shape(tuple(cu.shape))}")
-        if cu.numel() > 1 and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # (the offsets' values are not known while tracing)
+            continue
+        try:  # an int or what stands for one (np.int64, a 0-d integer tensor), as flash-attn takes
+            length = None if isinstance(longest, bool) else operator.index(longest)
+        except TypeError:
+            length = None
+        if length is None:
+            raise _core.ArgumentTypeError(f"max_seqlen_{name[-1]}: expected an integer, got {type(longest).__name__}")
+        # Offsets that decrease are refused by mha, which names them.
+        if cu.numel() > 1 and bool((cu[1:] >= cu[:-1]).all()):
             needed = int((cu[1:] - cu[:-1]).max())
-            if isinstance(longest, bool) or not isinstance(longest, int) or longest < needed:
+            if length < needed:
                 raise _core.ArgumentError(f"max_seqlen_{name[-1]}: expected at least the longest sequence's {needed}, "
-                                          f"got {longest!r}")
+                                          f"got {length}")
     out, lse = _attention(q.permute(1, 0, 2).unsqueeze(0), k.permute(1, 0, 2).unsqueeze(0),
                           v.permute(1, 0, 2).unsqueeze(0), None, dropout_p, "bottom_right" if causal else "none",
                           softmax_scale, True, _core.check_window(window_size), softcap, sinks, alibi_slopes,
@@ -571,6 +604,7 @@ class MultiheadAttention(_TorchMultiheadAttention):
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights,
                                    is_causal=is_causal)
+        query, key, value, *parameters = _autocast(query, key, value, *parameters)
         _mha_check_dtypes(query, key, value, parameters)
         key_padding_mask = _mha_mask("key_padding_mask", key_padding_mask, query.dtype)
         attn_mask = _mha_mask("attn_mask", attn_mask, query.dtype)

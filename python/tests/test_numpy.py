@@ -135,11 +135,33 @@ def test_strided_inputs_give_the_contiguous_result():
     reversed_q = qt[:, :, ::-1]
     np.testing.assert_array_equal(mha.scaled_dot_product_attention(reversed_q, kt, vt),
                                   mha.scaled_dot_product_attention(reversed_q.copy(), kt, vt))
+    # A size-1 dimension reversed: numpy calls the array contiguous, with a negative stride.
+    one_head = [np.ascontiguousarray(x[:, :1]) for x in (qt, kt, vt)]
+    flipped = np.flip(one_head[0], axis=1)
+    assert flipped.flags.c_contiguous and min(flipped.strides) < 0
+    np.testing.assert_array_equal(mha.scaled_dot_product_attention(flipped, *one_head[1:]),
+                                  mha.scaled_dot_product_attention(*one_head))
+    out = mha.scaled_dot_product_attention(*one_head)
+    for got, want in zip(mha.scaled_dot_product_attention_backward(np.flip(out, axis=1), flipped, *one_head[1:]),
+                         mha.scaled_dot_product_attention_backward(out, *one_head)):
+        np.testing.assert_array_equal(got, want)
     raw = np.zeros(qt.size * 8 + 1, dtype=np.uint8)
     misaligned = raw[1:].view(np.float64).reshape(qt.shape)
     misaligned[...] = qt
     assert not misaligned.flags.aligned
     np.testing.assert_array_equal(mha.scaled_dot_product_attention(misaligned, kt, vt), expected)
+
+
+def test_a_float32_mask_with_float64_inputs_is_widened_exactly():
+    # PyTorch's SDPA takes a float32 mask with any query dtype; widened to float64 it is exact.
+    q, k, v, dout = randn(2, 3, 4, 5), randn(2, 3, 6, 5, seed=1), randn(2, 3, 6, 5, seed=2), randn(2, 3, 4, 5, seed=3)
+    mask = randn(4, 6, dtype=np.float32, seed=4)
+    mask[1, 2] = -np.inf
+    np.testing.assert_array_equal(mha.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                  mha.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(np.float64)))
+    for got, want in zip(mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask),
+                         mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask.astype(np.float64))):
+        np.testing.assert_array_equal(got, want)
 
 
 # numpy >= 2 gives every empty array strides of 0, and mha refuses a last dimension of stride 0
@@ -304,7 +326,9 @@ FORWARD_ERRORS = {
     "mask_rank": (dict(attn_mask=np.ones((1, 1, 1, 3, 5), dtype=bool)), mha.ArgumentError, "attn_mask: expected"),
     "mask_integer": (dict(attn_mask=np.ones((3, 5), dtype=np.int32)), mha.ArgumentTypeError,
                      "attn_mask: expected dtype bool (True = may attend) or float64"),
-    "mask_other_float": (dict(attn_mask=np.ones((3, 5), dtype=np.float32)), mha.ArgumentTypeError, "got float32"),
+    "mask_other_float": (dict(attn_mask=np.ones((3, 5), dtype=np.float16)), mha.ArgumentTypeError,
+                         "attn_mask: expected dtype bool (True = may attend) or float64 or float32 (added to the "
+                         "scores), got float16"),
     "mask_and_causal": (dict(attn_mask=np.ones((3, 5), dtype=bool), is_causal=True), mha.ArgumentError,
                         "attn_mask: expected None when is_causal=True"),
     "causal_not_bool": (dict(is_causal="yes"), mha.ArgumentTypeError, "is_causal: expected a bool"),
@@ -319,6 +343,10 @@ FORWARD_ERRORS = {
     "scale_nan": (dict(scale=float("nan")), mha.ArgumentError, "scale: expected None"),
     "scale_inf": (dict(scale=float("inf")), mha.ArgumentError, "scale"),
     "scale_text": (dict(scale="1"), mha.ArgumentError, "scale"),
+    "scale_past_doubles": (dict(scale=10**400), mha.ArgumentError, "scale: expected None"),
+    "softcap_past_doubles": (dict(softcap=10**400), mha.ArgumentError, "softcap: expected 0 (none) or a finite cap"),
+    "window_past_int64": (dict(window_size=(2**63, 0)), mha.ArgumentError, "window_size: expected (left, right)"),
+    "window_right_past_int64": (dict(window_size=(0, 2**64)), mha.ArgumentError, "in [0, 2**63), got (0, "),
     "head_size_0_default_scale": (dict(query=Q[..., :0], key=K[..., :0]), mha.ArgumentError,
                                   "head size must be > 0 for the default scale"),  # mha's own check
 }

@@ -356,3 +356,64 @@ def test_empty_sequences_and_batches(query_shape, key_shape):
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))  # no key: zeros, as PyTorch
     out.sum().backward()
     assert q.grad.shape == q.shape and (k.grad == 0).all() and (v.grad == 0).all()
+
+
+def _outcome(fn):
+    """fn()'s value, or the type of what it raised."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 (PyTorch's own outcome, whatever it is)
+        return type(e)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev", "jvp", "forward_ad"])
+def test_torch_func_transforms_and_forward_ad_go_to_pytorch(transform, fresh_warnings):
+    # mha's operators read memory and have no jvp: under torch.func (wrapped tensors) or with a
+    # dual tensor the call is PyTorch's own SDPA, whatever PyTorch does with it (a tangent never
+    # dropped silently); torch.compile traces the transforms itself.
+    q, k, v, t = (make(3, 2, 4, 8, seed=i) for i in range(4))
+    loss = lambda sdpa: lambda x: sdpa(x, k, v, is_causal=True).sum()
+    def run(sdpa):
+        if transform == "vmap":
+            return torch.func.vmap(lambda x: sdpa(x, k[0], v[0]))(q)
+        if transform == "grad":
+            return torch.func.grad(loss(sdpa))(q)
+        if transform == "jacrev":
+            return torch.func.jacrev(lambda x: sdpa(x, k, v))(q)
+        if transform == "jvp":
+            return torch.func.jvp(loss(sdpa), (q,), (t,))[1]
+        with torch.autograd.forward_ad.dual_level():
+            out = sdpa(torch.autograd.forward_ad.make_dual(q, t), k, v)
+            return torch.autograd.forward_ad.unpack_dual(out).tangent
+    want = _outcome(lambda: run(F.scaled_dot_product_attention))
+    with pytest.warns(UserWarning, match="a torch.func transform or forward-mode AD"):
+        got = _outcome(lambda: run(mha.torch.scaled_dot_product_attention))
+    if isinstance(want, type):
+        assert got is want
+    else:
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(mha.ArgumentError, match="q, k, v: expected floating-point CPU tensors mha can read, got a "
+                                                "torch.func transform or forward-mode AD"):
+        run(lambda *qkv, **kw: mha.torch.flash_attn_func(*(t if t.dim() == 4 else t.unsqueeze(0) for t in qkv)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_in_its_dtype_as_pytorchs_sdpa_does(dtype):
+    # torch.autocast("cpu") gives PyTorch's SDPA its floating tensors (float64 aside) in the
+    # autocast dtype, a float32 query against a bfloat16 key included; mha's the same.
+    q = make(1, 2, 4, 8, dtype=torch.float32, seed=1).requires_grad_()
+    k, v = make(1, 2, 6, 8, dtype=dtype, seed=2), make(1, 2, 6, 8, dtype=torch.float32, seed=3)
+    mask = make(4, 6, dtype=torch.float32, seed=4)
+    with torch.autocast("cpu", dtype=dtype):
+        assert F.scaled_dot_product_attention(q, k, v, attn_mask=mask).dtype == dtype
+        out = mha.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        wide = make(1, 2, 4, 8, seed=5)
+        assert mha.torch.scaled_dot_product_attention(wide, wide, wide).dtype == torch.float64
+    assert out.dtype == dtype
+    q16 = q.detach().to(dtype).requires_grad_()
+    want = mha.torch.scaled_dot_product_attention(q16, k, v.to(dtype), attn_mask=mask.to(dtype))
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    out.float().sum().backward()
+    want.float().sum().backward()
+    assert q.grad.dtype == torch.float32
+    torch.testing.assert_close(q.grad, q16.grad.float(), rtol=0, atol=0)

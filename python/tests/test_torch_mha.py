@@ -478,3 +478,24 @@ def test_empty_sequences_and_batches(query_shape, key_shape):
     torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
     for name in expected[2]:
         torch.testing.assert_close(got[2][name], expected[2][name], rtol=0, atol=1e-12, msg=name)
+
+
+def test_autocast_runs_the_module_in_its_dtype_as_pytorchs_does():
+    # PyTorch's nn.MultiheadAttention under torch.autocast("cpu") computes in the autocast dtype
+    # (its linear layers and attention take the cast weights and inputs); mha's runs its bfloat16
+    # module on the same cast values, and the float32 parameters get float32 gradients.
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    torch_module = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    module = mha.torch.MultiheadAttention(16, 2, batch_first=True)
+    module.load_state_dict(torch_module.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_weights = torch_module(x, x, x)
+        out, weights = module(x, x, x)
+    assert (out.dtype, weights.dtype) == (want.dtype, want_weights.dtype) == (torch.bfloat16, torch.bfloat16)
+    cast = mha.torch.MultiheadAttention(16, 2, batch_first=True).to(torch.bfloat16)
+    cast.load_state_dict(torch_module.state_dict())
+    torch.testing.assert_close(out, cast(x.bfloat16(), x.bfloat16(), x.bfloat16())[0], rtol=0, atol=0)
+    out.float().sum().backward()
+    assert module.in_proj_weight.grad.dtype == torch.float32
+    assert module.in_proj_weight.grad.abs().sum() > 0

@@ -188,6 +188,21 @@ def test_flash_attn_varlen_func_equals_each_sequence_on_its_own():
     torch.testing.assert_close(same, out, rtol=0, atol=0)
 
 
+def test_numpy_alibi_slopes_of_several_batch_dimensions():
+    # (*batch, Hq): each batch element its own slopes, as the call on that element alone; slopes
+    # of another batch shape (the same count of rows included) are refused, not misassigned.
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 3, 4, 5, 8)) for _ in range(3))
+    slopes = rng.random((2, 3, 4))
+    out = mha.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes)
+    for b in np.ndindex(2, 3):
+        np.testing.assert_array_equal(out[b], mha.scaled_dot_product_attention(q[b], k[b], v[b], alibi_slopes=slopes[b]))
+    for shape in [(3, 2, 4), (6, 4), (1, 3, 4), (2, 3, 1, 4)]:
+        with pytest.raises(mha.ArgumentError, match=rf"alibi_slopes: expected shape \(Hq,\) or \(\*batch, Hq\) = "
+                                                    rf"\(2, 3, Hq\), got \({', '.join(map(str, shape))}\)"):
+            mha.scaled_dot_product_attention(q, k, v, alibi_slopes=np.zeros(shape))
+
+
 def test_numpy_packed_sequences():
     q, k, v, cu_q, cu_k = packed([3, 7], [4, 7])
     heads = lambda t: t.permute(1, 0, 2).numpy()  # (total, H, D) -> (H, total, D)
@@ -290,8 +305,26 @@ def test_flash_functions_bad_values():
                                          torch.tensor([0, 4, 4, 11], dtype=torch.int32), 7, 7)
     with pytest.raises(mha.ArgumentTypeError, match="cu_seqlens_k: expected a 1-D int32 or int64 tensor"):
         mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k.float(), 7, 7)
-    with pytest.raises(mha.ArgumentError, match="q, k, v: mha runs floating-point CPU tensors, got tensors on meta"):
+    with pytest.raises(mha.ArgumentError, match="q, k, v: expected floating-point CPU tensors mha can read, got "
+                                                "tensors on meta"):
         mha.torch.flash_attn_func(q[None].to("meta"), k[None].to("meta"), v[None].to("meta"))
+    # flash-attn's ranks: (batch, seqlen, nheads, headdim) and (total, nheads, headdim)
+    with pytest.raises(mha.ArgumentError, match=r"q: expected 4 dimensions \(batch, seqlen, nheads, headdim\), got "
+                                                r"shape \(10, 4, 8\)"):
+        mha.torch.flash_attn_func(q, k, v)
+    with pytest.raises(mha.ArgumentError, match=r"k: expected 3 dimensions \(total, nheads, headdim\), got shape "
+                                                r"\(1, 11, 2, 8\)"):
+        mha.torch.flash_attn_varlen_func(q, k[None], v, cu_q, cu_k, 7, 7)
+    # max_seqlen: anything that stands for an int, as flash-attn takes it
+    want = mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7)
+    for length in (np.int64(7), torch.tensor(7)):
+        torch.testing.assert_close(mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k, length, length), want,
+                                   rtol=0, atol=0)
+    with pytest.raises(mha.ArgumentTypeError, match="max_seqlen_k: expected an integer, got float"):
+        mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7.0)
+    # Decreasing offsets are named as such, not as a max_seqlen too small.
+    with pytest.raises(mha.ArgumentError, match="cu_seqlens_q: expected non-decreasing offsets"):
+        mha.torch.flash_attn_varlen_func(q, k, v, torch.tensor([0, -1, 10], dtype=torch.int32), cu_k, 7, 7)
     # Outside mha's inputs, PyTorch's SDPA has no soft-cap, sinks or ALiBi: refused, not dropped.
     b = torch.randn(1, 2, 4, 8, device="meta")
     with pytest.raises(mha.ArgumentError, match="softcap, sinks: mha runs these only on floating-point CPU tensors"):

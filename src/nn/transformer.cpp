@@ -1,6 +1,7 @@
 #include "mha/nn/transformer.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "elementwise.h"
@@ -83,7 +84,13 @@ Tensor<T> TransformerEncoderLayer<T>::self_attention_block(const Tensor<T>& x, c
   a.attn_mask = args.src_mask;
   a.need_weights = false;
   a.is_causal = args.is_causal;
-  Tensor<T> out = self_attn.forward(x, x, x, a, cache != nullptr ? &cache->self_attn : nullptr).output;
+  Tensor<T> out;
+  try {
+    out = self_attn.forward(x, x, x, a, cache != nullptr ? &cache->self_attn : nullptr).output;
+  } catch (const Error& e) {  // self_attn's message names its own arguments: say which of the layer's they are
+    throw Error(std::string("TransformerEncoderLayer: self_attn, given src_mask as attn_mask and src_key_padding_mask "
+                            "as key_padding_mask: ") + e.what());
+  }
   return dropout1.forward(out, cache != nullptr ? &cache->dropout1 : nullptr);
 }
 

@@ -324,7 +324,12 @@ TEST(TransformerEncoderLayer, BadInputsAreErrorsNamingThem) {
   EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({8})); }, {"src", "[8]"}));
   TransformerEncoderArgs<float> bad_mask;
   bad_mask.src_key_padding_mask = mha::nn::Mask<float>(Tensor<bool>({3, 4}));
-  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), bad_mask); }, {"key_padding_mask"}));
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), bad_mask); },
+                          {"src_key_padding_mask as key_padding_mask", "key_padding_mask (N, S)", "[3, 4]"}));
+  TransformerEncoderArgs<float> bad_src_mask;
+  bad_src_mask.src_mask = mha::nn::Mask<float>(Tensor<bool>({5, 4}));
+  EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), bad_src_mask); },
+                          {"src_mask as attn_mask", "attn_mask (2-D)", "[5, 4]"}));
   TransformerEncoderArgs<float> causal;
   causal.is_causal = true;
   EXPECT_TRUE(throws_error([&] { layer.forward(Tensor<float>({5, 2, 8}), causal); }, {"is_causal", "attn_mask"}));
