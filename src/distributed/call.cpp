@@ -3,6 +3,7 @@
 #include "call.h"
 
 #include <bit>
+#include <charconv>
 #include <limits>
 #include <optional>
 #include <span>
@@ -30,17 +31,23 @@ void check_mask(const View<const M>& mask, const Call& c, const char* name) {
         mask.shape());
 }
 
+// A field every rank must agree on: its name, and whether its 64 bits are a double's.
+struct Field {
+  std::string name;
+  bool is_double = false;
+};
+
 // Appends every field of a settings struct (its visit_fields list; nested structs by their own)
 // as a name and 64 bits: integers and enums as they are, doubles by their bits, an optional as
 // its value's bits or a NaN's.
 template <class Settings>
-void encode_fields(const Settings& settings, const std::string& prefix, std::vector<std::string>& names,
+void encode_fields(const Settings& settings, const std::string& prefix, std::vector<Field>& fields,
                    std::vector<int64_t>& values) {
   Settings::visit_fields([&](const char* name, auto member) {
     const auto& value = settings.*member;
     using V = std::decay_t<decltype(value)>;
     if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
-      encode_fields(value, prefix + name + ".", names, values);
+      encode_fields(value, prefix + name + ".", fields, values);
       return;
     } else if constexpr (std::is_same_v<V, double>) {
       values.push_back(std::bit_cast<int64_t>(value));
@@ -49,8 +56,15 @@ void encode_fields(const Settings& settings, const std::string& prefix, std::vec
     } else {
       values.push_back(static_cast<int64_t>(value));
     }
-    names.push_back(prefix + name);
+    fields.push_back({prefix + name, std::is_same_v<V, double> || std::is_same_v<V, std::optional<double>>});
   });
+}
+
+// A field's 64 bits as the value they hold (a double in the fewest digits that give it back).
+std::string shown(const Field& field, int64_t bits) {
+  if (!field.is_double) return std::to_string(bits);
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, std::bit_cast<double>(bits)).ptr);
 }
 
 }  // namespace
@@ -91,14 +105,16 @@ Call make_call(Communicator& comm, Scheme scheme, const char* function, const Te
 
   check(!options.query_lengths.defined() && !options.key_lengths.defined(),
         "options.query_lengths/key_lengths: context-parallel attention does not take per-sequence lengths");
+  check(!options.cu_seqlens_q.defined() && !options.cu_seqlens_k.defined(),
+        "options.cu_seqlens_q/cu_seqlens_k: context-parallel attention does not take packed sequences");
   check(!options.sinks.defined() && !options.alibi_slopes.defined(),
         "options.sinks/alibi_slopes: context-parallel attention does not take per-head sinks or ALiBi slopes yet");
 
   // What every rank must agree on: the call's shape and kind, then every Scoring field (its one
   // list, Scoring::visit_fields), each as 64 bits.
-  std::vector<std::string> fields{"scheme", "layout", "batch", "query heads", "kv heads", "query head size",
-                                  "value head size", "query length", "key length", "attend_mask", "additive_mask",
-                                  "dtype"};
+  std::vector<Field> fields{{"scheme"},          {"layout"},      {"batch"},       {"query heads"},
+                            {"kv heads"},        {"query head size"}, {"value head size"}, {"query length"},
+                            {"key length"},      {"attend_mask"}, {"additive_mask"}, {"dtype"}};
   std::vector<int64_t> mine{static_cast<int64_t>(scheme), static_cast<int64_t>(seq.layout), c.batch, c.query_heads,
                             c.kv_heads, c.qk_dim, c.v_dim, c.query_len, c.key_len,
                             options.attend_mask.defined() ? 1 : 0, options.additive_mask.defined() ? 1 : 0,
@@ -109,7 +125,8 @@ Call make_call(Communicator& comm, Scheme scheme, const char* function, const Te
   for (int r = 1; r < c.ranks; ++r)
     for (size_t f = 0; f < n; ++f)
       check(all[static_cast<size_t>(r) * n + f] == all[f], function, ": every rank must make the same call, but rank ",
-            r, "'s ", fields[f], " (", all[static_cast<size_t>(r) * n + f], ") differs from rank 0's (", all[f], ")");
+            r, "'s ", fields[f].name, " (", shown(fields[f], all[static_cast<size_t>(r) * n + f]), ") differs from rank 0's (",
+            shown(fields[f], all[f]), ")");
   return c;
 }
 

@@ -138,6 +138,46 @@ std::vector<double> losses(const std::string& tsv) {
 
 const std::string kTrain = "train --batch-size 128 --test-limit 100 --seed 4 ";
 
+// mpiexec's MPMD form: rank 0 runs `first` in directory `dir0`, rank 1 `second` in `dir1`.
+CliResult run_mpi_two(const std::string& dir0, const std::string& first, const std::string& dir1,
+                      const std::string& second) {
+  return run_program("env", MHA_MPI_ENVIRONMENT " " MHA_MPIEXEC " -n 1 -wdir " + dir0 + " " MHA_CLI_PATH " " + first +
+                                " : -n 1 -wdir " + dir1 + " " MHA_CLI_PATH " " + second);
+}
+
+TEST_F(MpiCli, RanksThatRunAnotherCommandAreRefusedNamingTheDifference) {
+  write_inputs(/*self_attention=*/false);
+  const std::string dir = path(""), flags = command("out.safetensors", "--context-parallel ring");
+  // A flag one rank alone has: without the check that rank would wait in the backward's messages.
+  CliResult r = run_mpi_two(dir, flags + " --train", dir, flags);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("attention: every rank must run the same command, but rank 1's --train ((default)) differs "
+                          "from rank 0's (true)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+  // The same flags, a file of other contents (ranks in other directories, as on other hosts):
+  // without the check the output would mix projections of both.
+  for (const char* sub : {"a", "b"}) std::filesystem::create_directory(path(sub));
+  std::filesystem::copy_file(path("inputs.safetensors"), path("a/in.safetensors"));
+  write_inputs(/*self_attention=*/true);
+  std::filesystem::copy_file(path("inputs.safetensors"), path("b/in.safetensors"));
+  const std::string relative = "attention --embed-dim 16 --num-heads 4 --batch-first --no-need-weights --inputs "
+                               "in.safetensors --output " + path("out.safetensors") + " --context-parallel ring";
+  r = run_mpi_two(path("a"), relative, path("b"), relative);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("but rank 1's --inputs file (contents "), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+  // Training: another width would sum gradients of other shapes.
+  r = run_mpi_two(dir, kTrain + "--max-steps 1 --train-limit 256 --hidden 64", dir,
+                  kTrain + "--max-steps 1 --train-limit 256");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train: every rank must run the same command, but rank 1's --hidden ((default)) differs from "
+                          "rank 0's (64)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(MpiCli, DataParallelLossCurveIsTheSingleProcessOnesWithinRounding) {
   const CliResult one = run_cli(kTrain + "--train-limit 2560 --max-steps 20 --step-log " + path("one.tsv"));
   ASSERT_EQ(one.exit_code, 0) << one.output;

@@ -221,12 +221,22 @@ TEST(ContextParallel, EveryRankMustMakeTheSameCall) {
     mha::testing::expect_error([&] { call(Scheme::ulysses); }, expected);
   }
   options.dropout_seed = 8;
+  options.softcap = comm.rank() == comm.size() - 1 ? 2.5 : 0.2;  // a double, shown as one
+  if (comm.size() > 1)
+    mha::testing::expect_error([&] { call(Scheme::ring); },
+                               "rank " + std::to_string(comm.size() - 1) + "'s softcap (2.5) differs from rank 0's (0.2)");
+  options.softcap = 0;
   options.need_weights = true;  // refused on every rank alike, before any message
   mha::testing::expect_error([&] { call(Scheme::ring); }, "options.need_weights: context-parallel attention");
   options.need_weights = false;
   options.whole_call.query_offset = 1;
   mha::testing::expect_error([&] { call(Scheme::ring); }, "options.whole_call: expected the default");
   options.whole_call = {};
+  const Tensor<int64_t> offsets(Shape{2}, {int64_t{0}, int64_t{8}});
+  options.cu_seqlens_q = offsets;
+  mha::testing::expect_error([&] { call(Scheme::ring); },
+                             "options.cu_seqlens_q/cu_seqlens_k: context-parallel attention does not take packed");
+  options.cu_seqlens_q = {};
   Tensor<bool> bad({3, 8});
   options.attend_mask = bad;
   mha::testing::expect_error([&] { call(Scheme::ring); }, "options.attend_mask: expected a mask broadcastable");

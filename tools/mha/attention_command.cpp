@@ -21,6 +21,7 @@
 #include "mha/nn/serialization.h"
 #if MHA_WITH_MPI
 #include "mha/distributed/context_parallel.h"
+#include "rank_agreement.h"
 #endif
 
 namespace mha::tools {
@@ -255,7 +256,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--layout", args->layout, "with --context-parallel: each rank's rows of the sequence")
       ->check(CLI::IsMember({"contiguous", "zigzag"}))
       ->capture_default_str();
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
     auto body = [args] {
       if (args->dtype == "float64") {
         run<double>(*args);
@@ -274,7 +275,11 @@ void add_attention_command(CLI::App& app) {
     }
 #if MHA_WITH_MPI
     // An error on any rank ends every rank (none is left waiting for its messages).
-    distributed::run_or_abort(distributed::Communicator::world(), body);
+    auto& comm = distributed::Communicator::world();
+    distributed::run_or_abort(comm, [&] {
+      check_ranks_agree(comm, *cmd, {{"--weights", args->weights_path}, {"--inputs", args->inputs_path}});
+      return body();
+    });
 #else
     throw Error("--context-parallel: this mha was built without MPI (install libopenmpi-dev and rebuild)");
 #endif

@@ -26,6 +26,7 @@
 #include "output_path.h"
 #if MHA_WITH_MPI
 #include "mha/distributed/communicator.h"
+#include "rank_agreement.h"
 #endif
 
 namespace mha::tools {
@@ -350,7 +351,7 @@ void add_train_command(CLI::App& app) {
                   "train at most N epochs in this run, then stop (continue later with --resume)")
       ->check(integer_bounds(1));
   cmd->add_option("--threads", args->threads, "OpenMP threads (default: all cores)")->check(integer_bounds(1, 4096));
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
 #if MHA_WITH_MPI
     if (under_mpirun()) {
       auto& comm = distributed::Communicator::world();
@@ -358,6 +359,7 @@ void add_train_command(CLI::App& app) {
                                          [&comm](std::span<double> values) { comm.all_reduce_sum(values); }};
       // An error on any rank ends every rank (none is left waiting in the gradients' sum).
       distributed::run_or_abort(comm, [&] {
+        check_ranks_agree(comm, *cmd, {});
         run(*args, parallel);
         return 0;
       });
