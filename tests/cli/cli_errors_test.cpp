@@ -74,6 +74,7 @@ TEST_F(CliErrors, BadFlagsAndSubcommands) {
   expect_failure(attention + " --backend fast", "--backend");
   expect_failure(attention + " --dtype float64 --backend cpu_flash", "cpu_flash supports float32, bfloat16 and float16");
   expect_failure(attention + " --kdim 0", "--kdim");
+  expect_failure(attention + " --layout zigzag", "--layout: expected only with --context-parallel, got --layout zigzag");
   expect_failure("attention --embed-dim 4 --num-heads 2 --output " + path("out.safetensors"),
                  "--inputs is required");
   expect_failure("attention --embed-dim 4 --num-heads 2 --inputs " + path("inputs.safetensors"),

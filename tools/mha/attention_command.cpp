@@ -270,6 +270,8 @@ void add_attention_command(CLI::App& app) {
       return 0;
     };
     if (args->context_parallel.empty()) {
+      check(cmd->get_option("--layout")->count() == 0, "--layout: expected only with --context-parallel, got --layout ",
+            args->layout, " alone");
       body();
       return;
     }

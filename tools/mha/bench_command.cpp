@@ -521,19 +521,20 @@ void run_context_parallel_bench(const BenchArgs& args) {
                              : 0.0;
     const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L) * d * H / (args.causal ? 2 : 1);
     const double rate = flops * (args.backward ? 3.5 : 1.0) / (fwd + bwd) / 1e12;
+    char bwd_ms[32] = "-";
+    if (args.backward) std::snprintf(bwd_ms, sizeof bwd_ms, "%.1f", bwd * 1e3);
     if (rank == 0)
-      std::printf("%8lld %10.1f %10.1f %10.3f %10.1f %10.1f %10s\n", static_cast<long long>(L), fwd * 1e3,
-                  bwd * 1e3, rate, static_cast<double>(sent_fwd + sent_bwd) / 1048576.0,
-                  static_cast<double>(peak_max) / 1048576.0,
+      std::printf("%8lld %10.1f %10s %10.3f %10.1f %10.1f %10s\n", static_cast<long long>(L), fwd * 1e3, bwd_ms, rate,
+                  static_cast<double>(sent_fwd + sent_bwd) / 1048576.0, static_cast<double>(peak_max) / 1048576.0,
                   model > 0 ? std::to_string(std::lround(model / 1048576.0)).c_str() : "-");
     report["rows"].push_back({{"length", L}, {"forward_ms", fwd * 1e3}, {"backward_ms", bwd * 1e3},
                               {"sent_bytes_forward", sent_fwd}, {"sent_bytes_backward", sent_bwd},
                               {"peak_bytes", peak_max}, {"model_bytes", model}, {"tflops", rate}});
   }
   if (rank == 0) {
-    std::printf("(times: the slowest rank, median of %d; sent: one forward + one backward, per rank, largest over "
-                "the ranks; peak: resident memory beyond what the rank held before, largest over the ranks)\n",
-                args.repeats);
+    std::printf("(times: the slowest rank, median of %d; sent: one forward%s, per rank, largest over the ranks; "
+                "peak: resident memory beyond what the rank held before, largest over the ranks)\n",
+                args.repeats, args.backward ? " + one backward" : "");
     write_report(report, args.json_path);
   }
 }
