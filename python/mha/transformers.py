@@ -16,13 +16,13 @@ attention function takes them from there (the modules' own is_causal and sliding
 in some models that only ran eager).
 
 What the attention function takes, as transformers' models send it (docs/transformers.md):
-`scaling`, `dropout` (the models pass 0 outside training), `is_causal` (else the mask's, else
-the module's), the mask's window (else `sliding_window` in FlashAttention's convention: a query
-sees W − 1 keys before it, both sides when not causal), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks,
-with their gradient), grouped-query attention without repeating keys, a KV cache (the queries
-are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed `position_ids`
-(padding-free batches, DataCollatorWithFlattening), T5's `position_bias` (added as a float
-mask). It returns (B, L, H, Dv) as transformers expects, and with `output_attentions=True` the
+`scaling`, `dropout` (the models pass 0 outside training), the mask's causality (else
+`is_causal`, else the module's), the mask's window (else `sliding_window` in FlashAttention's
+convention: a query sees W − 1 keys before it, both sides when not causal), `softcap` (Gemma 2),
+`s_aux` (gpt-oss's sinks, with their gradient), grouped-query attention without repeating keys, a
+KV cache (the queries are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed
+`position_ids` (padding-free batches, DataCollatorWithFlattening; any batch where transformers'
+mask packs), T5's `position_bias` (added as a float mask). It returns (B, L, H, Dv) as transformers expects, and with `output_attentions=True` the
 attention weights (B, Hq, L, S) as eager attention returns them (after dropout, without the
 sinks' column), computed by a second pass that builds them (O(L·S) memory) and carries no
 gradient. A model whose mask has a part mha cannot turn into these settings (Gemma 3's
@@ -81,12 +81,16 @@ _READ_DENSE = {
 }
 
 # What the mask function knows about each mask it returns, kept on the mask as an attribute
-# (which torch.compile traces and guards like any other Python value): ((causal, window), padded),
-# the first None when no mask function was given. The attention function takes the causality and
-# the window from here rather than from the module and its arguments, which the eager path never
-# reads and some models leave wrong: is_causal False on a decoder's self-attention (NLLB-MoE,
-# PEGASUS-X) or unset (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's
-# encoder; ModernBERT passes W + 1, FlashAttention's convention).
+# (which torch.compile traces and guards like any other Python value): ((causal, window, packed),
+# padded), the first None when no mask function was given. packed: "transformers" when transformers
+# found packed sequences in the position ids (its packed_sequence_mask_function is a part), any
+# batch; "flash" when no 2-D mask was given, where FlashAttention's integration finds them in a
+# batch of one (with a cache too: DataCollatorWithFlattening's training); else None. The attention
+# function takes the causality and the window from here rather than from the module and its
+# arguments, which the eager path never reads and some models leave wrong: is_causal False on a
+# decoder's self-attention (NLLB-MoE, PEGASUS-X, Moonshine, AIMv2's text tower) or unset
+# (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's encoder; ModernBERT
+# passes W + 1, FlashAttention's convention).
 _SETTINGS = "_mha_mask_settings"
 
 
@@ -109,8 +113,8 @@ def _remember(mask, settings, padded):
 
 
 def _known_mask(mask):
-    """(settings, padded) of a mask the mask function returned, settings (causal, window) or None;
-    or None for any other mask."""
+    """(settings, padded) of a mask the mask function returned, settings (causal, window, packed)
+    or None; or None for any other mask."""
     return getattr(mask, _SETTINGS, None) if mask is not None else None
 
 
@@ -138,7 +142,9 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
     causal = "causal_mask_function" in parts
-    settings = (causal, _window(parts)) if mask_function is not None else None
+    packed = ("transformers" if "packed_sequence_mask_function.<locals>.inner_mask" in parts
+              else "flash" if attention_mask is None else None)
+    settings = (causal, _window(parts), packed) if mask_function is not None else None
     if attention_mask is None:
         written = kv_length
         if causal and kv_length > q_length:
@@ -167,18 +173,19 @@ def _warn_once(message):
         warnings.warn(f"mha.transformers: {message} (this warning is shown once)", stacklevel=3)
 
 
-def _packed_offsets(position_ids, total):
-    """cu_seqlens (N + 1,) of the sequences packed in one row whose positions restart at 0
-    (DataCollatorWithFlattening), or None when the row is one sequence."""
-    positions = position_ids.reshape(-1)
-    if positions.numel() != total or total <= 1:
+def _packed_offsets(position_ids, batch, length):
+    """cu_seqlens (N + 1,) of the sequences packed in the (batch, length) rows, the rows taken one
+    after another: a sequence begins each row and wherever a row's position does not step by 1
+    (transformers' find_packed_sequence_indices; DataCollatorWithFlattening's positions restart at
+    0). None when each row is one sequence, or position_ids are not one per token."""
+    if position_ids.shape[-1] != length or position_ids.numel() not in (length, batch * length):
         return None
-    starts = torch.nonzero(positions == 0).reshape(-1)
-    if starts.numel() == 0 or (starts.numel() == 1 and int(starts[0]) == 0):
+    positions = position_ids.reshape(-1, length).expand(batch, length)
+    starts = torch.cat([positions.new_ones(batch, 1, dtype=torch.bool), positions.diff(dim=-1) != 1], dim=-1).reshape(-1)
+    if not torch.compiler.is_compiling() and int(starts.sum()) == batch:
         return None
-    if int(starts[0]) != 0:  # a row that does not begin a sequence: its first tokens are one
-        starts = torch.cat([starts.new_zeros(1), starts])
-    return torch.cat([starts, starts.new_tensor([total])]).to(torch.int64)
+    offsets = torch.nonzero(starts).reshape(-1)
+    return torch.cat([offsets, offsets.new_tensor([batch * length])]).to(torch.int64)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -196,15 +203,22 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    known = _known_mask(attention_mask)  # ((causal, window) or None, padded) when the mask function made it
+    known = _known_mask(attention_mask)  # ((causal, window, packed) or None, padded) when the mask function made it
     settings = known[0] if known is not None else None
-    if is_causal is not None:
-        causal = is_causal
+    # The mask's causality first, as eager and "sdpa" apply the mask (some modules pass is_causal
+    # False beside a causal mask: Moonshine's decoder, AIMv2's text tower).
+    if settings is not None:
+        causal = settings[0]
     else:
-        causal = settings[0] if settings is not None else getattr(module, "is_causal", True)
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = (-1, -1)
+    if settings is not None:  # the window of the mask the mask function made
+        window = settings[1] or window
+    elif sliding_window is not None:  # FlashAttention's convention, as transformers passes it
+        window = (int(sliding_window) - 1, int(sliding_window) - 1)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
-        mask, causal = attention_mask, False
+        mask, causal, window = attention_mask, False, (-1, -1)
         if mask.dtype != torch.bool and mask.dtype != query.dtype:  # an additive mask, in the model's dtype
             mask = mask.to(query.dtype)
     elif attention_mask is not None:
@@ -218,11 +232,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             mask = attention_mask[:, None, None, :]
             if mask.dtype != torch.bool:
                 mask = mask.bool()
+    # Packed sequences: the offsets given (FlashAttention's kwargs, a batch of one), or those of the
+    # position ids where transformers' mask packs them (any batch: its rows are then taken as one
+    # row) or FlashAttention's integration would (a batch of one, no 2-D mask given).
+    batch, heads, length = query.shape[:3]
+    packing = settings[2] if settings is not None else "flash"
     if mask is None and cu_seq_lens_q is not None and cu_seq_lens_k is not None:
         cu_q, cu_k = cu_seq_lens_q.to(torch.int64), cu_seq_lens_k.to(torch.int64)
-    elif mask is None and position_ids is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
-        cu_q = _packed_offsets(position_ids, query.shape[2])
-        cu_k = cu_q
+    elif (mask is None and position_ids is not None and length == key.shape[2]
+          and (packing == "transformers" or (packing == "flash" and batch == 1))):
+        cu_q = cu_k = _packed_offsets(position_ids, batch, length)
     bias = kwargs.get("position_bias")
     if bias is not None:  # T5's relative-position bias: added to the scores, as a float mask
         if torch.is_grad_enabled() and bias.requires_grad:
@@ -236,16 +255,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             mask = bias.masked_fill(~mask, float("-inf"))
         else:
             mask = bias + mask
-    window = (-1, -1)
-    if settings is not None:  # the window of the mask the mask function made
-        window = settings[1] or window
-    elif sliding_window is not None:  # FlashAttention's convention, as transformers passes it
-        window = (int(sliding_window) - 1, int(sliding_window) - 1)
     sinks = s_aux.to(query.dtype) if s_aux is not None else None
     need_weights = bool(kwargs.get("output_attentions", False))
+    rows = batch > 1 and cu_q is not None  # packed rows of a batch, attended as one row
+    if rows:
+        query, key, value = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[3]) for t in (query, key, value))
     result = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
                                    scaling, True, window, float(softcap or 0.0), sinks, None, cu_q, cu_k, need_weights)
     output, weights = result[0], (result[2] if need_weights else None)
+    if rows:  # back to (batch, heads, length, ...): each row's block of the one row
+        output = output.reshape(heads, batch, length, -1).transpose(0, 1)
+        if need_weights:
+            weights = torch.stack([weights[0, :, r * length:(r + 1) * length, r * length:(r + 1) * length]
+                                   for r in range(batch)])
     if need_weights:
         if torch.is_grad_enabled() and query.requires_grad and not torch.compiler.is_compiling():
             _warn_once("the attention weights output_attentions=True returns carry no gradient (the output does)")

@@ -452,9 +452,10 @@ def test_a_mask_mha_cannot_express_is_refused():
             (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True, None)):
         ones = mha.transformers.attention_mask(1, 4, 4, mask_function=function)
         assert torch.equal(ones, torch.ones(1, 4, dtype=torch.bool))
-        assert mha.transformers._known_mask(ones) == ((causal, window), False)
+        assert mha.transformers._known_mask(ones) == ((causal, window, "flash"), False)  # no 2-D mask given
         given = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding)
-        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == ((causal, window), True)
+        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == ((causal, window, None),
+                                                                                             True)
     # The last keys of a longer mask (a sliding-window cache); its ones when none of them is padded.
     assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
                        torch.tensor([[True, False]]))
@@ -499,6 +500,84 @@ def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():
         mha.transformers.attention_forward(module, q, k, v, torch.ones(2, 6, 6, dtype=torch.bool))
     with pytest.raises(mha.ArgumentError, match="mha runs floating-point CPU tensors, got tensors on meta"):
         mha.transformers.attention_forward(module, q.to("meta"), k.to("meta"), v.to("meta"), None)
+
+
+def test_the_masks_causality_wins_over_the_modules_is_causal():
+    """Moonshine's decoder passes is_causal = self.is_causal and attention_mask is None (False
+    beside its causal mask) and AIMv2's text tower is_causal=False beside create_causal_mask's mask:
+    eager applies the mask, so mha takes the mask's causality (before: 0.3-0.4 and 2.8 off, a
+    later token moving an earlier one's logits)."""
+    gen = torch.Generator().manual_seed(0)
+    ids, mask, _, _ = batch("right")
+    moonshine = T.MoonshineConfig(vocab_size=97, hidden_size=64, intermediate_size=128, encoder_num_hidden_layers=2,
+                                  decoder_num_hidden_layers=2, encoder_num_attention_heads=4,
+                                  decoder_num_attention_heads=4, encoder_num_key_value_heads=4,
+                                  decoder_num_key_value_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                  decoder_start_token_id=1)
+    audio = torch.randn(3, 4000, generator=gen, dtype=torch.float64)
+    cases = {
+        "moonshine": (lambda: T.MoonshineForConditionalGeneration(moonshine),
+                      dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask)),
+        "aimv2_text": (lambda: T.Aimv2TextModel(T.Aimv2TextConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                                                   num_hidden_layers=2, num_attention_heads=4,
+                                                                   eos_token_id=2)),
+                       dict(input_ids=ids, attention_mask=mask)),
+    }
+    for name, (make, inputs) in cases.items():
+        outputs = {}
+        for implementation in ("eager", "mha"):
+            torch.manual_seed(0)
+            model = make().double().eval()
+            model.set_attn_implementation(implementation)
+            with torch.no_grad():
+                out = model(**inputs)
+            outputs[implementation] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
+        torch.testing.assert_close(outputs["mha"], outputs["eager"], rtol=0, atol=1e-12, msg=name)
+
+
+def test_packed_rows_of_a_batch_and_positions_that_jump():
+    """transformers packs whenever position ids do not step by 1 (no mask, no cache), in every row
+    of a batch, restarting at 0 or not: each sequence then equals itself alone, under mha as under
+    eager (before, mha packed only a batch of one restarting at 0, and leaked across the rest:
+    0.4-0.5 off). An all-ones mask makes it one sequence per row, as eager has it, and so does a
+    cache in a batch of two (FlashAttention's rule packs a batch of one without a mask, cache or
+    not: the training test below)."""
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 97, (2, 12), generator=gen)
+    cases = [  # (position_ids, each row's sequences)
+        (torch.tensor([[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4], [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]]),
+         [[(0, 7), (7, 12)], [(0, 4), (4, 12)]]),
+        (torch.tensor([[0, 1, 2, 3, 4, 5, 6, 20, 21, 22, 23, 24], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]),
+         [[(0, 7), (7, 12)], [(0, 12)]]),
+    ]
+    for family in ("llama", "mistral"):
+        reference, ours = build(family, "eager", torch.float64), build(family, "mha", torch.float64)
+        for position_ids, sequences in cases:
+            with torch.no_grad():
+                alone = torch.stack([torch.cat([reference(input_ids=ids[r:r + 1, a:b],
+                                                          position_ids=position_ids[r:r + 1, a:b]).logits[0]
+                                                for a, b in sequences[r]]) for r in range(2)])
+                for model in (reference, ours):
+                    got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+                    torch.testing.assert_close(got, alone, rtol=0, atol=1e-12, msg=family)
+                for kw in (dict(attention_mask=torch.ones_like(ids), use_cache=False), dict(use_cache=True)):
+                    torch.testing.assert_close(ours(input_ids=ids, position_ids=position_ids, **kw).logits,
+                                               reference(input_ids=ids, position_ids=position_ids, **kw).logits,
+                                               rtol=0, atol=1e-12, msg=f"{family} {list(kw)}")
+
+
+def test_a_4d_mask_on_a_sliding_window_model_is_applied_as_given():
+    """A 4-D mask the caller built is the whole mask under eager and "sdpa": no sliding window is
+    added to it (before, mha added the module's window: 0.3 off on Mistral)."""
+    ids, _, _, _ = batch("right", lengths=(12, 12, 12))
+    i, j = torch.arange(12)[:, None], torch.arange(12)
+    prefix = ((j <= i) | (j < 6))[None, None].expand(3, 1, 12, 12)  # a prefix-LM mask, wider than the window
+    additive = torch.zeros(prefix.shape, dtype=torch.float64).masked_fill(~prefix, torch.finfo(torch.float64).min)
+    with torch.no_grad():
+        want = build("mistral", "eager", torch.float64)(input_ids=ids, attention_mask=additive).logits
+        for mask in (prefix, additive):
+            got = build("mistral", "mha", torch.float64)(input_ids=ids, attention_mask=mask).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 def test_all_minilm_through_automodel_matches_sentence_transformers():
