@@ -336,7 +336,8 @@ def _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap):
     scoring.dropout_p = float(dropout_p)
     scoring.dropout_seed = int(dropout_seed or 0)
     scoring.window_left, scoring.window_right = check_window(window_size)
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (softcap == 0 or (softcap > 0 and _finite(softcap))):
+    if (isinstance(softcap, bool) or not isinstance(softcap, numbers.Real)
+            or not (softcap == 0 or (softcap > 0 and _finite(softcap)))):
         raise ArgumentError(f"softcap: expected 0 (none) or a finite cap > 0, got {softcap!r}")
     scoring.softcap = float(softcap)
     return scoring

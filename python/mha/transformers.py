@@ -181,7 +181,8 @@ def _packed_offsets(position_ids, batch, length):
     if position_ids.shape[-1] != length or position_ids.numel() not in (length, batch * length):
         return None
     positions = position_ids.reshape(-1, length).expand(batch, length)
-    starts = torch.cat([positions.new_ones(batch, 1, dtype=torch.bool), positions.diff(dim=-1) != 1], dim=-1).reshape(-1)
+    steps = positions.diff(dim=-1) != 1
+    starts = torch.cat([steps.new_ones(batch, 1), steps], dim=-1).reshape(-1)
     if not torch.compiler.is_compiling() and int(starts.sum()) == batch:
         return None
     offsets = torch.nonzero(starts).reshape(-1)
