@@ -199,6 +199,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     reason = _mha_torch._unsupported(query, key, value, attention_mask)
     if reason is not None:
         raise _core.ArgumentError(f"attn_implementation=\"mha\": mha runs floating-point CPU tensors, got {reason}")
+    # Under torch.autocast, as "sdpa" gets them (rotary embeddings leave q and k in float32 beside a
+    # bfloat16 v): every floating-point tensor but a float64 one in the autocast dtype.
+    query, key, value = _mha_torch._autocast(query, key, value)
     for name, what in _REFUSED.items():
         if kwargs.get(name) is not None:
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__

@@ -580,6 +580,30 @@ def test_a_4d_mask_on_a_sliding_window_model_is_applied_as_given():
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("family", ("llama", "gemma2", "gpt_oss"))
+def test_autocast_within_twice_transformers_own_error(family):
+    """Under torch.autocast("cpu", bfloat16) the rotary embeddings leave q and k in float32 beside a
+    bfloat16 v; "sdpa" gets all three in bfloat16 from autocast, and so does mha (before: a dtype
+    error). Logits within twice transformers' own autocast error against float64; a training
+    step's backward runs and gives the float32 parameters float32 gradients."""
+    ids, mask, _, _ = batch("right")
+    with torch.no_grad():
+        reference = output_of(family, build(family, "eager", torch.float64), ids, mask)
+    errors = {}
+    for implementation in (FAMILIES[family][2], "mha"):
+        model = build(family, implementation, torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            errors[implementation] = (output_of(family, model, ids, mask) - reference)[mask.bool()].abs().max().item()
+            if implementation == "mha":
+                model.train()
+                loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        if implementation == "mha":
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.requires_grad]
+            assert all(g is not None and g.dtype == torch.float32 for g in grads)
+    assert errors["mha"] <= 2 * errors[FAMILIES[family][2]], errors
+
+
 def test_all_minilm_through_automodel_matches_sentence_transformers():
     """The real all-MiniLM-L6-v2 (models/, `make model`) through AutoModel with
     attn_implementation="mha", mean-pooled and normalised as sentence-transformers does, on the 50
