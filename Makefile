@@ -8,7 +8,7 @@
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
-#   make demo   deps + build + the Python package + a tour of four examples (scripts/demo.sh);
+#   make demo   deps + build + the Python package + a tour in nine parts (scripts/demo.sh);
 #               pictures in build/demo/
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
 #               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py),

@@ -45,6 +45,12 @@ if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
 
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install_deps: missing ${missing[*]}; this script installs Debian packages with apt-get, which this" \
+       "system does not have: install their equivalents by hand (DESIGN.md, \"Dependencies\")" >&2
+  exit 1
+fi
+
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then
   if command -v sudo >/dev/null 2>&1; then

@@ -35,9 +35,14 @@ gradient) by the attention function; a 4-D mask the caller built is applied as i
 import warnings
 
 import torch
+import transformers
 
 from . import _core
 from . import torch as _mha_torch
+
+if int(transformers.__version__.split(".")[0]) < 5:  # the attention and mask interfaces' signatures
+    raise ImportError(f"mha.transformers needs transformers >= 5 (pip install \"mha[transformers]\"), "
+                      f"got transformers {transformers.__version__}")
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 

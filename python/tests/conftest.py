@@ -84,7 +84,8 @@ def binding_spy(monkeypatch):
         assert [p for p in re.findall(r"(\w+): ", signature) if p in parameters] == list(parameters), signature
 
         def spy(*arguments, real=real, name=name, parameters=parameters):
-            calls.append((name, dict(zip(parameters, arguments, strict=True))))
+            assert len(arguments) == len(parameters), name
+            calls.append((name, dict(zip(parameters, arguments))))
             return real(*arguments)
         monkeypatch.setattr(_mha, name, spy)
     return calls

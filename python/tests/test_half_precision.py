@@ -15,11 +15,11 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
-from test_variants import reference
+torch = pytest.importorskip("torch")
+from test_variants import reference  # noqa: E402
 
-import mha
-import mha.torch
+import mha  # noqa: E402
+import mha.torch  # noqa: E402
 
 HALF = (torch.bfloat16, torch.float16)
 

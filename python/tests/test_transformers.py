@@ -111,6 +111,17 @@ def error_alone(family, model, alone, reference):
     return max((output_of(family, model, x)[0] - r[0]).abs().max().item() for x, r in zip(alone, reference))
 
 
+def test_an_older_transformers_is_refused_at_import(monkeypatch):
+    # transformers 4's mask interface takes other arguments: a clear ImportError, not a TypeError
+    # from inside a model's forward.
+    import importlib
+    monkeypatch.setattr("transformers.__version__", "4.57.6")  # (the module as imported now: lazy, it replaced itself)
+    with pytest.raises(ImportError, match="mha.transformers needs transformers >= 5 .* got transformers 4.57.6"):
+        importlib.reload(mha.transformers)
+    monkeypatch.undo()
+    importlib.reload(mha.transformers)
+
+
 def test_registered_under_the_name_mha():
     assert ALL_ATTENTION_FUNCTIONS["mha"] is mha.transformers.attention_forward
     assert ALL_MASK_ATTENTION_FUNCTIONS["mha"] is mha.transformers.attention_mask

@@ -9,12 +9,12 @@ sink logit concatenated to each row, softmax, the sink's column dropped), in PyT
 autograd; and the goldens of tests/goldens/variants, which the anchors' own code wrote."""
 import numpy as np
 import pytest
-import torch
-from conftest import VARIANT_CASES, assert_close_f64, assert_flash_rule, load_case
+torch = pytest.importorskip("torch")
+from conftest import VARIANT_CASES, assert_close_f64, assert_flash_rule, load_case  # noqa: E402
 
-import mha
-import mha.torch
-from mha import _core
+import mha  # noqa: E402
+import mha.torch  # noqa: E402
+from mha import _core  # noqa: E402
 
 
 def reference(q, k, v, causal="none", window=(-1, -1), softcap=0.0, sinks=None, slopes=None, scale=None):

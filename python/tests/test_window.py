@@ -6,10 +6,10 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-import mha
-import mha.torch
+import mha  # noqa: E402
+import mha.torch  # noqa: E402
 
 
 def window_mask(L, S, is_causal, left, right):
