@@ -85,6 +85,27 @@ def get_num_threads():
     return _num_threads
 
 
+_forked = False
+
+
+def _after_fork_in_child():
+    # OpenMP's thread pool (libgomp's), made by any earlier parallel call of the parent (mha's or
+    # torch's), is not in a forked child, and a parallel region there waits for its threads
+    # forever: a DataLoader worker would hang. One thread takes no pool; set_num_threads in the
+    # child asks for more where the parent never ran OpenMP (docs/python.md).
+    global _num_threads, _forked
+    _num_threads, _forked = 1, True
+
+
+def torch_threads(count):
+    """The threads of a call through mha.torch: torch's `count`, in a forked child at most mha's own."""
+    return min(count, _num_threads) if _forked else count
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes. Plain tuples and integers only, so mha.torch's fake (shape-only) kernels use them too,
 # with torch's symbolic sizes.
@@ -313,7 +334,7 @@ def _masks(layout, attn_mask):
 
 def _widened(x):
     """A half array widened to float32 (None and bool masks as they are)."""
-    return None if x is None or x.dtype == np.bool_ else np.asarray(x).astype(np.float32)
+    return None if x is None or x.dtype == np.bool_ else np.asarray(x, dtype=np.float32)  # (a float32 one as it is)
 
 
 def _as_float_call(dtype, attn_mask, layout=None):

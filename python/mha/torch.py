@@ -57,6 +57,11 @@ def _tensor(x):
     return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16) if x.dtype == _core.BFLOAT16 else torch.from_numpy(x)
 
 
+def _threads():
+    # torch's thread count (at most mha's own in a forked child: _core.torch_threads)
+    return _core.torch_threads(torch.get_num_threads())
+
+
 def _seed(dropout_seed):
     # The seed tensor holds an int64 drawn by torch; mha takes the same 64 bits as unsigned.
     return None if dropout_seed is None else int(dropout_seed) % 2**64
@@ -72,7 +77,7 @@ def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional
     dropout_seed an int64 scalar tensor (None without dropout); the window, soft-cap, sinks, ALiBi
     slopes and packed offsets as in mha.scaled_dot_product_attention."""
     output, logsumexp, _ = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
-                                         causal, scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
+                                         causal, scale, enable_gqa, _seed(dropout_seed), _threads(),
                                          (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
                                          _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
     return _tensor(output), torch.from_numpy(logsumexp)
@@ -97,7 +102,7 @@ def sdpa_weights(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[
     """The attention probabilities (..., Hq, L, S) of sdpa_forward's call with the same arguments
     (after its dropout, the sinks' share left out), in the query's dtype. No gradient."""
     _, _, weights = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p, causal,
-                                  scale, enable_gqa, _seed(dropout_seed), torch.get_num_threads(),
+                                  scale, enable_gqa, _seed(dropout_seed), _threads(),
                                   (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
                                   _numpy(cu_seqlens_q), _numpy(cu_seqlens_k), need_weights=True)
     return _tensor(weights)
@@ -120,7 +125,7 @@ def sdpa_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor
     grad_sinks is empty (0,) without sinks."""
     grads = _core.backward(_numpy(grad_output), _numpy(query), _numpy(key), _numpy(value), _numpy(output),
                            _numpy(logsumexp), _numpy(attn_mask), dropout_p, causal, scale, enable_gqa,
-                           _seed(dropout_seed), torch.get_num_threads(), (window_left, window_right), softcap,
+                           _seed(dropout_seed), _threads(), (window_left, window_right), softcap,
                            _numpy(sinks), _numpy(alibi_slopes), _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
     grads = tuple(_tensor(g) for g in grads)
     return grads if sinks is not None else grads + (query.new_empty(0),)
@@ -480,7 +485,7 @@ def _multihead_attention_forward(
         _memory(bias_k), _memory(bias_v), _memory(out_proj_weight), _memory(out_proj_bias),
         _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first,
         need_weights, average_attn_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
-        torch.get_num_threads())
+        _threads())
     output, weights, *saved = (None if r is None else _from_mha(r, query.dtype) for r in results)
     return (output, query.new_empty((0,)) if weights is None else weights, *saved)
 
@@ -536,7 +541,7 @@ def multihead_attention_backward(
         *(_memory(p) for p in parameters), _memory(key_padding_mask), _memory(attn_mask), embed_dim, kdim, vdim,
         num_heads, add_zero_attn, batch_first, need_weights, is_causal, dropout_p, _seed(dropout_seed) or 0,
         _memory(q), _memory(k), _memory(v), _memory(logsumexp), _memory(merged),
-        *(None if g is None else _core._bits(_numpy(g)) for g in grads), torch.get_num_threads())
+        *(None if g is None else _core._bits(_numpy(g)) for g in grads), _threads())
     return (*(_from_mha(g, query.dtype) for g in inputs), *(query.new_empty((0,)) if g is None else g for g in grads))
 
 

@@ -1,6 +1,7 @@
 """The numpy API (no torch): PyTorch's goldens, SDPA's shapes and broadcasting, dropout, thread
 counts, zero-copy, and an error for every bad input."""
 import os
+import multiprocessing
 import subprocess
 import sys
 
@@ -162,6 +163,42 @@ def test_a_float32_mask_with_float64_inputs_is_widened_exactly():
     for got, want in zip(mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask),
                          mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask.astype(np.float64))):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_float32_mask_is_widened_without_a_copy():
+    # (a half call with a float32 mask runs as the float call: the L x S mask as it is, not copied)
+    mask = np.zeros((64, 64), np.float32)
+    assert _core._widened(mask) is mask
+
+
+def _attention_in_child(queue, q, k, v):
+    queue.put((mha.get_num_threads(), mha.scaled_dot_product_attention(q, k, v)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_runs_on_one_thread_and_does_not_hang():
+    # libgomp's thread pool, made by the parent's parallel call, is not in a forked child (a
+    # DataLoader worker): a parallel region there would wait for its threads forever. The child
+    # runs on one thread instead, and gives the same result bit for bit.
+    q, k, v = (randn(1, 4, 256, 64, dtype=np.float32, seed=s) for s in range(3))  # enough work for both threads
+    saved = mha.get_num_threads()
+    mha.set_num_threads(2)
+    try:
+        want = mha.scaled_dot_product_attention(q, k, v)  # (the pool exists from here on)
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_attention_in_child, args=(queue, q, k, v))
+        child.start()
+        try:
+            threads, got = queue.get(timeout=120)  # (before join: the child exits once its result is read)
+        except Exception:
+            child.kill()
+            pytest.fail("the forked child hung in its attention call")
+        child.join()
+    finally:
+        mha.set_num_threads(saved)
+    assert threads == 1 and mha.get_num_threads() == saved
+    np.testing.assert_array_equal(got, want)
 
 
 # numpy >= 2 gives every empty array strides of 0, and mha refuses a last dimension of stride 0
