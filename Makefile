@@ -18,8 +18,9 @@
 #               a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
 #               (scripts/bench/bench_variants.py), then SDPA in bfloat16 beside float32 and PyTorch's
 #               (scripts/bench/bench_bfloat16.py), then attention's tile products in bfloat16 beside
-#               float32 (mha bench --gemm), then context-parallel attention under mpirun
-#               (scripts/bench/bench_distributed.sh);
+#               float32 (mha bench --gemm), then models inside Hugging Face transformers
+#               (scripts/bench/bench_transformers.py), then context-parallel attention under mpirun
+#               (scripts/bench/bench_distributed.sh); each script's --help says its options;
 #               installs the peers (install_python_deps.sh --bench)
 #   make clean  remove build/
 BUILD_DIR  ?= build
@@ -91,8 +92,9 @@ demo: deps model build python-package
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
 # sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), the attention
-# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm) and models
-# inside Hugging Face transformers (bench_transformers.py). The peers are installed into .venv first.
+# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm),
+# models inside Hugging Face transformers (bench_transformers.py) and context-parallel attention
+# under mpirun (bench_distributed.sh). The peers are installed into .venv first.
 bench: TARGETS = mha_cli
 bench: deps model build python-package
 	./scripts/install_python_deps.sh --bench

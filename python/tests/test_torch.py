@@ -417,3 +417,16 @@ def test_autocast_runs_in_its_dtype_as_pytorchs_sdpa_does(dtype):
     want.float().sum().backward()
     assert q.grad.dtype == torch.float32
     torch.testing.assert_close(q.grad, q16.grad.float(), rtol=0, atol=0)
+
+
+def test_the_python_bench_calls_what_the_binding_takes(monkeypatch):
+    # `make bench`'s bench_python.py times the binding's own call beside the package's: on a tiny
+    # shape, every figure it reports is there (it had kept the binding's old arguments).
+    import os
+    import sys
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench"))
+    import bench_python
+    sys.modules.pop("bench_python", None)
+    figures = bench_python.bench_shape(1, 2, 16, 8, 1)
+    for name in ("mha_forward_ms", "torch_forward_ms", "numpy_forward_ms", "binding_forward_ms"):
+        assert figures[name] > 0, name

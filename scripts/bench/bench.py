@@ -22,6 +22,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def script_arguments(usage, flags=("--quick",), needs_cli=True):
+    """(build dir, the flags given) of a bench script's command line `[build dir] [flags]`: --help
+    prints `usage` and exits; an unknown flag or a second folder is an error (exit 2), not a full run;
+    so is a build dir without the CLI where the script runs it (`needs_cli`)."""
+    given = sys.argv[1:]
+    if "--help" in given or "-h" in given:
+        print(usage)
+        sys.exit(0)
+    unknown = [a for a in given if a.startswith("-") and a not in flags]
+    folders = [a for a in given if not a.startswith("-")]
+    if unknown or len(folders) > 1:
+        print(f"{os.path.basename(sys.argv[0])}: unexpected {' '.join(unknown + folders[1:])}\n{usage}", file=sys.stderr)
+        sys.exit(2)
+    build = folders[0] if folders else os.path.join(ROOT, "build")
+    if needs_cli and not os.path.isfile(os.path.join(build, "tools", "mha", "mha")):
+        print(f"{os.path.basename(sys.argv[0])}: {build!r} holds no build (tools/mha/mha): run `make build` "
+              f"first, or give the build folder", file=sys.stderr)
+        sys.exit(2)
+    return build, {a for a in given if a in flags}
+
+
 def median_seconds(run, repeats):
     run()
     times = []
@@ -156,10 +177,13 @@ def median_of_rounds(rounds):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--quick"]  # --quick: mha bench's two small shapes
-    quick = ["--quick"] if "--quick" in sys.argv[1:] else []
-    build = args[0] if args else os.path.join(ROOT, "build")
-    rounds = int(os.environ.get("BENCH_ROUNDS", "3"))
+    build, flags = script_arguments("usage: bench.py [build dir] [--quick]   (--quick: mha bench's two small "
+                                    "shapes; BENCH_ROUNDS=n rounds, default 3)")
+    quick = sorted(flags)
+    rounds = os.environ.get("BENCH_ROUNDS", "3")
+    if not rounds.isdigit() or int(rounds) < 1:
+        sys.exit(f"bench.py: BENCH_ROUNDS: expected a number of rounds >= 1, got {rounds!r}")
+    rounds = int(rounds)
     os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     mha_json = os.path.join(build, "bench", "mha.json")
     # Whole rounds (mha, then each peer) repeated: a burst of load from elsewhere on a shared

@@ -18,16 +18,16 @@ import torch
 import mha.torch
 from mha import _mha
 
-from bench import write_json  # bench.py, beside this file (the script's folder is on sys.path)
+from bench import script_arguments, write_json  # bench.py, beside this file (the script's folder is on sys.path)
 from bench_variants import interleaved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    quick = "--quick" in sys.argv
-    build = args[0] if args else os.path.join(ROOT, "build")
+    build, flags = script_arguments("usage: bench_bfloat16.py [build dir] [--quick]   (--quick: d = 64, 2 rounds)",
+                                    needs_cli=False)
+    quick = bool(flags)
     threads = torch.get_num_threads()
     rounds = 2 if quick else 5
     shapes = [(4, 8, 2048, 64)] + ([] if quick else [(4, 8, 2048, 128)])

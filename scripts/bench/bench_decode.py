@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from bench import median_seconds, write_json  # bench.py, beside this file (the script's folder is on sys.path)
+from bench import median_seconds, script_arguments, write_json  # bench.py, beside this file (the script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,7 +43,7 @@ def torch_step_seconds(row, threads, repeats):
 
 
 def main():
-    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+    build, _ = script_arguments("usage: bench_decode.py [build dir]", flags=())
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
     os.makedirs(os.path.join(build, "bench"), exist_ok=True)
     path = os.path.join(build, "bench", "decode.json")
@@ -59,7 +59,7 @@ def main():
     print(f"\nDecode step beside PyTorch {torch_version} SDPA, {threads} threads; %read: of the read bandwidth "
           f"measured in the row's own rounds")
     print(f"{'cache':9} {'B':>2} {'Hkv':>4} {'S':>6} | {'read':>6} | {'mha ms':>8} {'GB/s':>6} {'%read':>6} | "
-          f"{'torch ms':>8} {'GB/s':>6} {'%read':>6} | {'mha/torch':>9}")
+          f"{'torch ms':>8} {'GB/s':>6} {'%read':>6} | {'torch/mha':>9}")
     for row in report["decode"]:
         mha_s = row["step_ms"] / 1e3
         bandwidth = row["read_gb_per_s"]

@@ -6,8 +6,17 @@
 # takes about half a minute) on 1 and 4 ranks. Prints each run's table; JSON under
 # <build>/bench/distributed-*.json.
 set -euo pipefail
+usage="usage: bench_distributed.sh [build dir]"
+if [[ $# -gt 1 || "${1:-}" == -* ]]; then
+  [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]] && { echo "$usage"; exit 0; }
+  echo "bench_distributed: unexpected $*" >&2; echo "$usage" >&2; exit 2
+fi
 build="${1:-build}"
 mha="$build/tools/mha/mha"
+if [[ ! -x "$mha" ]]; then
+  echo "bench_distributed: '$build' holds no build (tools/mha/mha): run \`make build\` first, or give the build folder" >&2
+  exit 2
+fi
 cores=$(nproc)
 # Open MPI: run as root in containers, more ranks than cores, ranks that yield when idle, no
 # binding of a rank to one core.

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def onnx_contender(threads, tmpdir):
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 8:] = 0
     dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", min=2, max=512)}
-    torch.onnx.export(Pooled(model), (ids, mask), path, input_names=["input_ids", "attention_mask"],
+    torch.onnx.export(Pooled(model).eval(), (ids, mask), path, input_names=["input_ids", "attention_mask"],
                       output_names=["embeddings"], dynamic_shapes=(dims, dims), dynamo=True)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -121,11 +122,15 @@ def onnx_contender(threads, tmpdir):
 
 
 def main():
+    def at_least_1(text):
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+        return int(text)
     parser = argparse.ArgumentParser()
     parser.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="fewer sentences and rounds")
+    parser.add_argument("--threads", type=at_least_1, default=2)
+    parser.add_argument("--rounds", type=at_least_1, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer sentences, and 2 rounds whatever --rounds says")
     args = parser.parse_args()
     if not os.path.isdir(MODEL):
         sys.exit(f"bench_embed: {MODEL} is missing: run `make model`")
@@ -146,7 +151,14 @@ def main():
         contenders["torch_bf16"] = lambda s, b: st16.encode(s, batch_size=b, convert_to_tensor=True).float().numpy()
     except ImportError as e:
         skipped["torch"] = f"not installed ({e.name}): pip install torch sentence-transformers"
-    tmpdir = tempfile.mkdtemp(prefix="mha_bench_embed_")
+    tmpdir = tempfile.mkdtemp(prefix="mha_bench_embed_")  # the ONNX model (88 MB) and the CLI's files
+    try:
+        run_cases(args, encoder, contenders, skipped, tmpdir)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def run_cases(args, encoder, contenders, skipped, tmpdir):
     try:
         contenders["onnxrt"] = onnx_contender(args.threads, tmpdir)
     except ImportError as e:

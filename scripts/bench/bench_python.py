@@ -28,7 +28,7 @@ import mha
 import mha.torch
 from mha import _mha
 
-from bench import median_seconds  # bench.py, beside this file (the script's folder is on sys.path)
+from bench import median_seconds, script_arguments  # bench.py, beside this file (the script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [(1, 8, 128, 64), (4, 8, 2048, 64)]  # the small one shows the binding's overhead
@@ -55,8 +55,7 @@ def bench_shape(B, H, L, d, repeats):
     out["numpy_forward_ms"] = median_seconds(lambda: mha.scaled_dot_product_attention(qn, kn, vn), repeats)
     out["binding_forward_ms"] = median_seconds(
         lambda: _mha.sdpa_forward(query=qn, key=kn, value=vn, output=output, logsumexp=lse, attend_mask=None,
-                                  additive_mask=None, causal=_mha.Causal.none, scale=None, dropout_p=0.0,
-                                  dropout_seed=0, num_threads=threads), repeats)
+                                  additive_mask=None, scoring=_mha.Scoring(), num_threads=threads), repeats)
     for k_ in list(out):
         out[k_] *= 1e3
     out["overhead_us"] = (out["mha_forward_ms"] - out["binding_forward_ms"]) * 1e3
@@ -90,9 +89,8 @@ def bench_module(N, L, E, heads, repeats):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--quick"]
-    shapes = SHAPES[:1] if "--quick" in sys.argv[1:] else SHAPES
-    build = args[0] if args else os.path.join(ROOT, "build")
+    build, flags = script_arguments("usage: bench_python.py [build dir] [--quick]   (--quick: the first shape)")
+    shapes = SHAPES[:1] if flags else SHAPES
     results = []
     for B, H, L, d in shapes:
         repeats = 200 if L <= 256 else 5

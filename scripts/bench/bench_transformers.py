@@ -29,7 +29,7 @@ import transformers as T
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import mha.transformers
-from bench import write_json  # bench.py, beside this file
+from bench import script_arguments, write_json  # bench.py, beside this file
 from bench_variants import interleaved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -121,8 +121,8 @@ def timed_attention(name):
 
 
 def main():
-    build_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.path.join(ROOT, "build"))
-    quick = "--quick" in sys.argv
+    build_dir, flags = script_arguments("usage: bench_transformers.py [build dir] [--quick]", needs_cli=False)
+    quick = bool(flags)
     scale = 4 if quick else 1
     torch.set_num_threads(THREADS)
     report = {"threads": THREADS, "torch": torch.__version__, "transformers": T.__version__, "cases": {}}

@@ -34,7 +34,7 @@ import torch
 
 import mha.torch
 
-from bench import median_seconds, write_json  # bench.py, beside this file
+from bench import median_seconds, script_arguments, write_json  # bench.py, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,8 +60,9 @@ def interleaved(runs, rounds):
 
 
 def main():
-    build = next((a for a in sys.argv[1:] if not a.startswith("--")), os.path.join(ROOT, "build"))
-    quick = "--quick" in sys.argv
+    build, flags = script_arguments("usage: bench_variants.py [build dir] [--quick]   (--quick: L = 2048)",
+                                    needs_cli=False)
+    quick = bool(flags)
     B, H, L, d, W = 1, 8, 2048 if quick else 16384, 64, 256
     # Rounds: 5 where a dense 16k call takes part (1.5 to 6 s each), 15 for the shorter calls.
     repeats, repeats_short = 5, 15
