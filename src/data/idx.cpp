@@ -83,7 +83,7 @@ std::vector<uint8_t> gunzip_if_gzipped(std::span<const uint8_t> bytes, const std
     stream.avail_out = 1u << 20;
     status = inflate(&stream, Z_NO_FLUSH);
     consumed += in_chunk - stream.avail_in;
-    out.resize(out.size() - stream.avail_out);
+    out.resize(before + ((1u << 20) - stream.avail_out));  // (what inflate wrote: GCC sees it is <= 1 MiB)
     if (status == Z_STREAM_END) break;
     // Z_BUF_ERROR: no progress was possible; with fresh output space that means the input ran out.
     if (status == Z_BUF_ERROR && consumed == bytes.size())
