@@ -22,14 +22,15 @@ convention: a query sees W − 1 keys before it, both sides when not causal), `s
 `s_aux` (gpt-oss's sinks, with their gradient), grouped-query attention without repeating keys, a
 KV cache (the queries are the last ones: bottom-right causality), `cu_seq_lens_q/k` and packed
 `position_ids` (padding-free batches, DataCollatorWithFlattening; any batch where transformers'
-mask packs), T5's `position_bias` (added as a float mask). It returns (B, L, H, Dv) as transformers expects, and with `output_attentions=True` the
-attention weights (B, Hq, L, S) as eager attention returns them (after dropout, without the
-sinks' column), computed by a second pass that builds them (O(L·S) memory) and carries no
-gradient. A model whose mask has a part mha cannot turn into these settings (Gemma 3's
-bidirectional image blocks, Llama 4's chunks, a custom mask function) is refused by the mask
-function with an error naming the model and the part, and arguments mha has no setting for
-(a sparse indexer's `indices`, `block_indices`, per-token `sinks`, a `position_bias` that needs a
-gradient) by the attention function; a 4-D mask the caller built is applied as it is.
+mask packs), T5's `position_bias` (added as a float mask). It returns (B, L, H, Dv) as
+transformers expects, and with `output_attentions=True` the attention weights (B, Hq, L, S) as
+eager attention returns them (after dropout, without the sinks' column), computed by a second
+pass that builds them (O(L·S) memory) and carries no gradient. A model whose mask has a part mha
+cannot turn into these settings (Gemma 3's bidirectional image blocks, Llama 4's chunks, a custom
+mask function) is refused by the mask function with an error naming the model and the part, and
+arguments mha has no setting for (a sparse indexer's `indices`, `block_indices`, per-token
+`sinks`, a `position_bias` that needs a gradient) by the attention function; a 4-D mask the
+caller built is applied as it is.
 """
 
 import warnings
@@ -212,19 +213,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    known = _known_mask(attention_mask)  # ((causal, window, packed) or None, padded) when the mask function made it
+    known = _known_mask(attention_mask)  # ((causal, window, packed) or None, padded)
     settings = known[0] if known is not None else None
-    # The mask's causality first, as eager and "sdpa" apply the mask (some modules pass is_causal
-    # False beside a causal mask: Moonshine's decoder, AIMv2's text tower).
     if settings is not None:
-        causal = settings[0]
+        # The mask's causality before is_causal, as eager and "sdpa" apply the mask (some modules
+        # pass is_causal False beside a causal mask: Moonshine's decoder, AIMv2's text tower).
+        causal, window = settings[0], settings[1] or (-1, -1)
     else:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    window = (-1, -1)
-    if settings is not None:  # the window of the mask the mask function made
-        window = settings[1] or window
-    elif sliding_window is not None:  # FlashAttention's convention, as transformers passes it
-        window = (int(sliding_window) - 1, int(sliding_window) - 1)
+        # FlashAttention's convention, as transformers passes it
+        window = (int(sliding_window) - 1,) * 2 if sliding_window is not None else (-1, -1)
     mask, cu_q, cu_k, full = None, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal, window = attention_mask, False, (-1, -1)

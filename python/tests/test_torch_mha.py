@@ -382,6 +382,24 @@ def test_falls_back_to_pytorch_with_one_warning(kind, fresh_warnings):
         assert mask.grad is not None
 
 
+def test_forward_ad_and_vmap_go_to_pytorchs_forward(fresh_warnings):
+    # The module's operator reads memory and has no jvp: a dual input's tangent, or a vmap's
+    # wrapped tensors, go to PyTorch's forward (the tangent PyTorch's gives, not dropped).
+    reference, ours = modules(dict(embed_dim=8, num_heads=2), torch.float64)
+    x, t = make(4, 2, 8), make(4, 2, 8, seed=1)
+    def tangent(module):
+        with torch.autograd.forward_ad.dual_level():
+            dual = torch.autograd.forward_ad.make_dual(x, t)
+            # (need_weights=True: PyTorch's math path, which has forward AD; its fused SDPA has none)
+            return torch.autograd.forward_ad.unpack_dual(module(dual, dual, dual)[0]).tangent
+    with pytest.warns(UserWarning, match="a torch.func transform or forward-mode AD"):
+        got = tangent(ours)
+    assert got is not None
+    torch.testing.assert_close(got, tangent(reference), rtol=0, atol=0)
+    batched = lambda module: torch.func.vmap(lambda y: module(y, y, y, need_weights=False)[0], in_dims=1)(x)
+    torch.testing.assert_close(batched(ours), batched(reference), rtol=0, atol=0)
+
+
 def test_patch_routes_construction_and_restores_even_on_an_exception():
     original = nn.MultiheadAttention
     before = nn.MultiheadAttention(8, 2)

@@ -571,6 +571,11 @@ def test_packed_rows_of_a_batch_and_positions_that_jump():
                 for model in (reference, ours):
                     got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
                     torch.testing.assert_close(got, alone, rtol=0, atol=1e-12, msg=family)
+                # the weights of the packed rows, as eager's (each row's sequences apart)
+                weights = [model(input_ids=ids, position_ids=position_ids, use_cache=False,
+                                 output_attentions=True).attentions for model in (reference, ours)]
+                for a, b in zip(*weights):
+                    torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=family)
                 for kw in (dict(attention_mask=torch.ones_like(ids), use_cache=False), dict(use_cache=True)):
                     torch.testing.assert_close(ours(input_ids=ids, position_ids=position_ids, **kw).logits,
                                                reference(input_ids=ids, position_ids=position_ids, **kw).logits,

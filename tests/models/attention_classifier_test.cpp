@@ -7,8 +7,8 @@
 #include <omp.h>
 
 #include <cmath>
-#include <limits>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
