@@ -10,7 +10,8 @@
 //     (on the path a CPU without AVX512_BF16 takes, forced: bf16_gemm::ScopedFloat32Fallback);
 //   - bfloat16 on the CPU's bf16 instructions (products in bf16, P rounded to bfloat16 for P·V)
 //     against the reference in double, within a bound derived from those roundings; with value
-//     heads of another size its backward is the float call's rounded once;
+//     heads of another size its backward is the float call's rounded once; float16's forward on
+//     AMX tiles (split products) likewise;
 //   - the same on every SIMD target and each path of the products (AMX tiles, VDPBF16PS, float32),
 //     and bitwise the same for 1 and 2 threads on each;
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
@@ -203,6 +204,61 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   }
 }
 
+// float16 on AMX tiles: cpu_flash's forward on the split products (forward_on_split in
+// cpu_flash/blocks.h). Every product of two float16s is exact (four bf16 products: bf16_gemm.h),
+// summed in float; P·V takes the float P as P_hi + P_lo and V exactly, leaving out P_lo·V_lo. With
+// u_b = 2⁻⁸ (bfloat16's unit roundoff): |P − P_hi| ≤ u_b·P, P_lo is P − P_hi within u_b of it, so
+// |P − P_hi − P_lo| ≤ u_b²·P, and |P_lo·V_lo| ≤ u_b(1 + u_b)·P·u_b·|v|: together at most
+// 2⁻¹⁵·Σ_j P_j·z·|v_je| ≤ 2⁻¹⁵·z·max|v|. Against the reference in double on the same values, the
+// output rounded once to float16 (u = 2⁻¹¹, u·|o64|) and float's own error within 2⁻¹⁶ of the
+// largest |v| (as check_bf16_products):
+//   |o − o64| ≤ u·|o64| + 2⁻¹⁵·z·max|v| + 2⁻¹⁶·max|v|
+// and logsumexp within float's error. (Where the CPU has no AMX every float16 call takes the float
+// products, which meet the same bound; the sweeps below hold that path to the float call bit for
+// bit. The backward takes the float products either way.)
+void check_float16_split(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(std::string("float16 on ") + bf16_gemm::name(bf16_gemm::path()) + ": " + c.describe());
+  Inputs in = make_inputs(c, seed);
+  round_inputs<float16>(in);
+  const ForwardResult<float16> h = run_forward<float16>(c, in, Backend::cpu_flash);
+  const ForwardResult<double> ref = run_forward<double>(c, in, Backend::reference);
+  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0;
+  double max_v = 0;
+  for (float x : in.v.values()) max_v = std::max(max_v, std::abs(static_cast<double>(x)));
+  for (int64_t i = 0; i < ref.output.numel(); ++i) {
+    const double o64 = ref.output[i], o = widen(h.output[i]);
+    ASSERT_LE(std::abs(o - o64), 0x1p-11 * std::abs(o64) + 0x1p-15 * z * max_v + 0x1p-16 * max_v)
+        << "output[" << i << "]";
+  }
+  for (int64_t i = 0; i < ref.logsumexp.numel(); ++i) {
+    const double l64 = ref.logsumexp[i], l = h.logsumexp[i];
+    if (std::isinf(l64)) {
+      EXPECT_EQ(l, l64) << "logsumexp[" << i << "]";
+    } else {
+      EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
+    }
+  }
+}
+
+TEST(HalfPrecision, Float16SplitProductsWithinTheirRounding) {
+  const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
+  // The last length is past kLongKeys (blocks.h): the forward's shared pack.
+  const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
+  for (bf16_gemm::Path path : bf16_gemm::paths()) {
+    const bf16_gemm::ScopedPath pin(path);
+    for (int n = 0; n < 28; ++n) {
+      Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1],
+                     n % 3 == 0   ? 128
+                     : n % 3 == 1 ? 19
+                                  : 40,
+                     n % 2 ? 24 : 64);
+      vary_options(c, n, heads, 3);
+      c.need_weights = n % 6 == 1;
+      check_float16_split(c, 1100 + static_cast<uint64_t>(n));
+    }
+  }
+}
+
 // bfloat16 with value heads of another size than the query's: the backward takes the float products
 // on the widened operands (backward_on_pairs in cpu_flash/blocks.h: PyTorch's SDPA computes those
 // shapes in float32), so its gradients are the float backward's, given the same output and
@@ -380,6 +436,7 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
       check_half<float16>(c, 802, Backend::decode);
     }
     check_bf16_products(c, 804);
+    check_float16_split(c, 805);
   }
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);
@@ -391,8 +448,12 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
     const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
     omp_set_num_threads(2);
     const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
+    const Results<float16> two16 = run<float16>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(1);
+    const Results<float16> one16 = run<float16>(c, in, Backend::cpu_flash);
     omp_set_num_threads(threads);
     expect_bitwise(one, two);
+    expect_bitwise(one16, two16);
   }
 }
 

@@ -131,6 +131,87 @@ TEST(Bf16Gemm, BlocksOfAWiderPackedMatrix) {
     }
 }
 
+// float16 on split operands (bf16_gemm.h): every float16 is exactly hi + lo (all 65536, in
+// split_a's first and second parts; ±inf as hi with lo 0, NaN as NaN), and a product on the split
+// A and B equals the float16 product with every term exact: against the exact sum in double
+// within γ_(4k)·Σ|terms| on every path (the 4k exact bf16 products of a depth-split_depth(k)
+// product, each |hi·hi'|, |lo·hi'|, ... at most |x|·|y|·(1 + 2⁻⁸)², so Σ|terms| ≤ 1.01·Σ|x·y|).
+// From Bᵀ (pack_split_b_transposed, with ldb past n) and from B (pack_split_b: A·Bhi + A·Blo).
+TEST(Bf16Gemm, Float16SplitIntoTwoBfloat16sIsExact) {
+  std::vector<mha::float16> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = mha::float16{static_cast<uint16_t>(i)};
+  std::vector<bfloat16> row(bg::split_depth(all.size()));
+  bg::split_a(all.data(), all.size(), row.data());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float x = mha::to_float(all[i]), hi = mha::to_float(row[i]),
+                lo = mha::to_float(row[all.size() + i]);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(hi)) << "float16 bits " << i;
+    } else {
+      ASSERT_EQ(hi + lo, x) << "float16 bits " << i;  // hi + lo is exact in float: x has 11 bits
+      ASSERT_EQ(static_cast<double>(hi) + lo, static_cast<double>(x)) << "float16 bits " << i;
+      if (std::isinf(x)) EXPECT_EQ(lo, 0.0f) << "float16 bits " << i;
+    }
+  }
+}
+
+TEST(Bf16Gemm, Float16SplitProductsMatchTheExactSum) {
+  mha::Generator gen(29);
+  auto halves = [&](size_t count, double range) {
+    std::vector<mha::float16> x(count);
+    for (auto& e : x) e = mha::to_float16(static_cast<float>(gen.uniform(-range, range)));
+    return x;
+  };
+  for (const auto [m, n, k] :
+       {std::tuple<size_t, size_t, size_t>{96, 256, 64}, {13, 37, 19}, {1, 1, 1}, {32, 48, 128}})
+    for (bg::Path path : bg::paths()) {
+      const std::vector<mha::float16> a = halves(m * k, 300.0), x = halves(n * k, 0.01);  // x: Bᵀ rows
+      const size_t depth = bg::split_depth(k), ldb = n + 16;
+      std::vector<bfloat16> a_split(m * depth), bt(bg::packed_size(depth, ldb)), b_hi(bg::packed_size(k, n)),
+          b_lo(bg::packed_size(k, n));
+      for (size_t r = 0; r < m; ++r) bg::split_a(a.data() + r * k, k, a_split.data() + r * depth);
+      bg::pack_split_b_transposed(x.data(), k, n, k, bt.data(), ldb);
+      std::vector<mha::float16> b(k * n);  // B = Xᵀ row-major, for pack_split_b
+      for (size_t kk = 0; kk < k; ++kk)
+        for (size_t j = 0; j < n; ++j) b[kk * n + j] = x[j * k + kk];
+      bg::pack_split_b(b.data(), n, k, n, b_hi.data(), b_lo.data());
+      // A's rows unsplit for pack_split_b's products: A·B = A_hi·B_hi + A_lo·B_hi + A·B_lo, from
+      // split_a's hi and lo parts (round_up(k, 8) apart).
+      const size_t part = depth / 4;
+      std::vector<bfloat16> a_hi(m * part), a_lo(m * part);
+      for (size_t r = 0; r < m; ++r)
+        for (size_t kk = 0; kk < part; ++kk) {
+          a_hi[r * part + kk] = a_split[r * depth + kk];
+          a_lo[r * part + kk] = a_split[r * depth + part + kk];
+        }
+      std::vector<float> from_bt(m * n), from_b(m * n, 0.0f);
+      {
+        const bg::ScopedPath pin(path);
+        bg::multiply(m, n, depth, a_split.data(), depth, bt.data(), ldb, from_bt.data(), n, false);
+        for (const auto& [a_part, b_part] : {std::pair{&a_hi, &b_hi}, std::pair{&a_lo, &b_hi},
+                                             std::pair{&a_hi, &b_lo}, std::pair{&a_lo, &b_lo}})
+          bg::multiply(m, n, k, a_part->data(), part, b_part->data(), n, from_b.data(), n, true);
+      }
+      const double gamma = 4.0 * k * std::ldexp(1.0, -24) / (1 - 4.0 * k * std::ldexp(1.0, -24));
+      for (size_t r = 0; r < m; ++r)
+        for (size_t j = 0; j < n; ++j) {
+          double exact = 0, magnitude = 0;
+          for (size_t kk = 0; kk < k; ++kk) {
+            const double p = static_cast<double>(mha::to_float(a[r * k + kk])) * mha::to_float(x[j * k + kk]);
+            exact += p;
+            magnitude += std::abs(p);
+          }
+          const double bound = gamma * 1.01 * magnitude + std::numeric_limits<float>::min();
+          ASSERT_LE(std::abs(from_bt[r * n + j] - exact), bound)
+              << bg::name(path) << " from Bᵀ, m=" << m << " n=" << n << " k=" << k << ": row " << r
+              << ", column " << j;
+          ASSERT_LE(std::abs(from_b[r * n + j] - exact), bound)
+              << bg::name(path) << " from B, m=" << m << " n=" << n << " k=" << k << ": row " << r
+              << ", column " << j;
+        }
+    }
+}
+
 // Every path computes the same exact products as the float32 fallback and differs only in the
 // order of its float additions: the same within that rounding on an attention tile; and
 // ScopedPath caps the path while it lives.

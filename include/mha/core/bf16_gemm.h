@@ -35,6 +35,25 @@ size_t packed_size(size_t k, size_t n);
 void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst);
 void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat16* dst);
 
+// float16 on the same products (cpu_flash's float16 forward on AMX tiles): every float16 x is
+// exactly hi + lo with hi = x rounded to bfloat16 and lo = x − hi (x has 11 significant bits, hi
+// the top 8, lo the other 3, and both lie in bfloat16's range), so x·y = hi·hi' + lo·hi' + hi·lo'
+// + lo·lo', four exact bf16 products. A product on split operands is the float16 product with
+// every term exact, summed in float, as the float path's is, at four times the depth.
+//   split_depth(k)            that depth: 4·(k rounded up to 8), a multiple of the tiles' 32;
+//   split_a(x, k, dst)        one row of A: dst[0, split_depth(k)) = [hi | lo | hi | lo], each
+//                             part zero-padded to k rounded up to 8;
+//   pack_split_b_transposed   B = [Xhiᵀ; Xhiᵀ; Xloᵀ; Xloᵀ] (split_depth(k) × n) of X n × k (row
+//                             stride ld), packed as pack_b packs for ldb ≥ n columns (the columns
+//                             past n zero): packed_size(split_depth(k), ldb) elements. Then
+//                             multiply(m, n, split_depth(k), A, ·, B, ldb, C, ·) is C = X_A·Xᵀ.
+//   pack_split_b              X k × n as two packed B (pack_b's layout), Xhi and Xlo:
+//                             packed_size(k, n) elements each.
+size_t split_depth(size_t k);
+void split_a(const float16* x, size_t k, bfloat16* dst);
+void pack_split_b_transposed(const float16* x, size_t ld, size_t n, size_t k, bfloat16* dst, size_t ldb);
+void pack_split_b(const float16* x, size_t ld, size_t k, size_t n, bfloat16* hi, bfloat16* lo);
+
 // C[r][c] (row stride ldc, n columns) = (accumulate: C[r][c] +) Σ_kk A[r][kk]·B[kk][c], A m × k
 // (row stride lda), B packed by pack_b or pack_b_transposed for ldb ≥ n columns. B may be a block
 // of a larger packed matrix: its rows from an even row kk0 and its columns from c0 are at

@@ -64,6 +64,18 @@ template <class T, class Kv>
 bool forward_on_pairs() {
   return std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && bf16_gemm::native();
 }
+// - forward, float16 queries, keys and values where the products run on AMX tiles: the split
+//   products (bf16_gemm::split_depth: every float16 exactly two bfloat16s, four exact bf16
+//   products per float16 product, summed in float as the float products are), Q·Kᵀ at four times
+//   the depth and P·V on P split the same way (within 2⁻¹⁶ of the float P). The tiles multiply
+//   bf16 at several times the float FMA's rate; VDPBF16PS alone (AMD Zen 4) would do four
+//   products in the time of fewer than two FMAs there, so float16 keeps the float panels. The
+//   backward keeps them too (docs/bfloat16.md).
+template <class T, class Kv>
+bool forward_on_split() {
+  return std::is_same_v<T, float16> && std::is_same_v<Kv, float16> &&
+         bf16_gemm::path() == bf16_gemm::Path::amx;
+}
 template <class T>
 bool backward_on_pairs(const Problem& p) {
   return forward_on_pairs<T, T>() && p.qk_head_dim == p.v_head_dim;

@@ -34,7 +34,9 @@ namespace {
 //     panels of value columns) for O += P·V; a tile's Kᵀ columns are taken from inside a panel
 //     when they start there (packed_columns). Float operands, or half ones widened as packed.
 //   bf16 pairs (bf16_gemm), for bfloat16 operands where the CPU has AVX512_BF16: Kᵀ and V in the
-//     pair layout VDPBF16PS reads, pairs over Dqk and over the keys.
+//     pair layout VDPBF16PS reads, pairs over Dqk and over the keys. For float16 operands on AMX
+//     tiles the split products (forward_on_split): Kᵀ split to split_depth(Dqk) rows (kt_ld keys
+//     apart), V as two packs, V_hi and V_lo.
 // `first` is a walk's start (walk_start).
 struct PackedKv {
   float* kt = nullptr;
@@ -42,6 +44,8 @@ struct PackedKv {
   int64_t first = 0, count = 0;
   bfloat16* kt_pairs = nullptr;
   bfloat16* v_pairs = nullptr;
+  size_t kt_ld = 0;          // Kᵀ's pair rows are 2·kt_ld bfloat16s apart
+  bfloat16* v_lo = nullptr;  // split: V's lo pack (v_pairs holds its hi)
 
   bool pairs() const { return kt_pairs != nullptr; }
 };
@@ -51,12 +55,13 @@ struct PackedKv {
 struct Scratch {
   size_t dv_padded;
   Buffer<float> scores, bias, factors, out, q_scaled, lse_hi, lse_lo;
-  Buffer<bfloat16> q_pairs, p_pairs;  // with bf16 pairs: Q (row stride Dqk rounded up to even) and P
+  // With bf16 pairs: Q (row stride q_depth) and P; split, P's hi and then its lo tile.
+  Buffer<bfloat16> q_pairs, p_pairs;
   Buffer<double> row_max, row_sum;  // the online softmax's m and l (online_softmax_tile)
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
 
-  Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded, bool pairs)
+  Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded, size_t q_depth, size_t p_tiles)
       : dv_padded(dv_padded),
         scores(kForwardQueries * kForwardKeys),
         bias(masked ? kForwardQueries * kForwardKeys : 0),
@@ -65,8 +70,8 @@ struct Scratch {
         q_scaled(kForwardQueries * Dqk),
         lse_hi(kForwardQueries),
         lse_lo(kForwardQueries),
-        q_pairs(pairs ? kForwardQueries * round_up(Dqk, 2) : 0),
-        p_pairs(pairs ? kForwardQueries * kForwardKeys : 0),
+        q_pairs(kForwardQueries * q_depth),
+        p_pairs(p_tiles * kForwardQueries * kForwardKeys),
         row_max(kForwardQueries),
         row_sum(kForwardQueries),
         first(kForwardQueries),
@@ -92,15 +97,19 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
   std::fill(s.row_sum.data(), s.row_sum.data() + rows, sink == -std::numeric_limits<float>::infinity() ? 0.0 : 1.0);
   std::fill(s.out.data(), s.out.data() + rows * dv_padded, 0.0f);
   // The A operand of S = Q·Kᵀ: scale·Q in float, scaled once for every key block; or, on bf16
-  // pairs, Q itself in rows of even stride (the kernels then scale each score as they read it:
-  // scale·Q would not be a bfloat16).
-  const bool pairs = kv.pairs();
-  const size_t dq_pairs = round_up(Dqk, 2);
+  // pairs, Q itself in rows of even stride, or split (the kernels then scale each score as they
+  // read it: scale·Q would not be a bfloat16).
+  const bool pairs = kv.pairs(), split = pairs && std::is_same_v<T, float16>;
+  const size_t dq_pairs = split ? bf16_gemm::split_depth(Dqk) : round_up(Dqk, 2);
+  const size_t depth = split ? dq_pairs : Dqk;  // of S = Q·Kᵀ
   for (size_t r = 0; r < rows; ++r) {
     const T* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
-    if constexpr (std::is_same_v<T, bfloat16>) {
+    if constexpr (!std::is_same_v<T, float>) {
       if (pairs) {
-        std::copy_n(q, Dqk, s.q_pairs.data() + r * dq_pairs);
+        if constexpr (std::is_same_v<T, bfloat16>)
+          std::copy_n(q, Dqk, s.q_pairs.data() + r * dq_pairs);
+        else
+          bf16_gemm::split_a(q, Dqk, s.q_pairs.data() + r * dq_pairs);
         continue;
       }
     }
@@ -118,8 +127,8 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
       const size_t c = to_size(j0 - kv.first) + g.first_col, width = g.end_col - g.first_col;
       float* scores = s.scores.data() + g.first_row * Bc + g.first_col;
       if (width > 0 && pairs) {
-        bf16_gemm::multiply(g.rows, width, Dqk, s.q_pairs.data() + g.first_row * dq_pairs, dq_pairs, kv.kt_pairs + 2 * c,
-                            to_size(kv.count), scores, Bc, false);
+        bf16_gemm::multiply(g.rows, width, depth, s.q_pairs.data() + g.first_row * dq_pairs, dq_pairs,
+                            kv.kt_pairs + 2 * c, kv.kt_ld, scores, Bc, false);
       } else if (width > 0) {
         multiply(g.rows, width, Dqk, {s.q_scaled.data() + g.first_row * Dqk, Dqk}, packed_columns(kv.kt, Dqk, c, W),
                  {scores, Bc}, false);
@@ -130,17 +139,26 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
                             [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
     if (pairs) {
       t.scale = static_cast<float>(p.scale);  // the kernels scale q·k as they read it
-      t.probs_bf16 = s.p_pairs.data();  // and write P in bfloat16 for P·V
+      t.probs_bf16 = s.p_pairs.data();        // and write P in bfloat16 for P·V (split: hi and lo)
+      if (split) t.probs_bf16_lo = s.p_pairs.data() + kForwardQueries * Bc;
     }
     return t;
   };
   // O += P·V over each group's band (P is 0 beside it). On bf16 pairs P is the online softmax's
   // bfloat16 copy, rounded as PyTorch's CPU kernel multiplies it (the row sums l keep the float P).
+  // Split: P_hi·V_hi + P_lo·V_hi + P_hi·V_lo, the float P as P_hi + P_lo (within 2⁻¹⁶·P) and V
+  // exactly; P_lo·V_lo, at most 2⁻¹⁶·P·|v|, left out (forward_on_split).
   auto add_values = [&](int64_t j0, size_t cols) {
     for_each_band(banded, s.visible.data(), rows, j0, cols, step, [&](const Band& g) {
       const size_t key = to_size(j0 - kv.first) + g.first_col, width = g.end_col - g.first_col;
       float* out = s.out.data() + g.first_row * dv_padded;
-      if (width > 0 && pairs) {
+      if (width > 0 && split) {
+        const bfloat16* p_hi = s.p_pairs.data() + g.first_row * Bc + g.first_col;
+        const bfloat16* p_lo = p_hi + kForwardQueries * Bc;
+        for (const auto& [p_part, v] :
+             {std::pair{p_hi, kv.v_pairs}, std::pair{p_lo, kv.v_pairs}, std::pair{p_hi, kv.v_lo}})
+          bf16_gemm::multiply(g.rows, Dv, width, p_part, Bc, v + key * Dv, Dv, out, dv_padded, true);
+      } else if (width > 0 && pairs) {
         bf16_gemm::multiply(g.rows, Dv, width, s.p_pairs.data() + g.first_row * Bc + g.first_col, Bc,
                             kv.v_pairs + key * Dv, Dv, out, dv_padded, true);
       } else if (width > 0) {
@@ -227,6 +245,8 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
 
   const size_t W = panel_width();
   const size_t keys_padded = round_up(to_size(S), W);  // keys as columns of Kᵀ, whole panels
+  const bool split = forward_on_split<T, Kv>();        // float16 on AMX tiles
+  const bool pairs = forward_on_pairs<T, Kv>() || split;
   const size_t dv_padded = round_up(Dv, W);
   const int64_t Br = block_rows(p, kForwardQueries);
 
@@ -241,11 +261,16 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
   // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
   // after another.
   const bool shared_packs = S > kLongKeys;
-  const bool pairs = forward_on_pairs<T, Kv>();
-  // The packs' sizes: float panels, or bf16 pairs (Kᵀ's pairs over Dqk, V's over the keys).
+  // The split Kᵀ's pair rows are kt_ld(keys) apart, not 4·keys bytes: for keys a multiple of 1024
+  // that would put the 16 rows of a tile load in one L1 set (measured at d = 128, non-causal,
+  // (4, 8, 2048): 183 → 156 ms).
+  auto kt_ld = [&](size_t keys) { return split ? (keys + 15) / 16 * 16 + 16 : keys; };
+  const size_t q_depth = !pairs ? 0 : split ? bf16_gemm::split_depth(Dqk) : round_up(Dqk, 2);
+  // The packs' sizes: float panels, or bf16 pairs (Kᵀ's pairs over Dqk, V's over the keys; split:
+  // over split_depth(Dqk), and V's hi and lo).
   const size_t kt_size = pairs ? 0 : keys_padded * Dqk, v_size = pairs ? 0 : dv_padded * to_size(S);
-  const size_t kt_pairs_size = pairs ? bf16_gemm::packed_size(Dqk, to_size(S)) : 0,
-               v_pairs_size = pairs ? bf16_gemm::packed_size(to_size(S), Dv) : 0;
+  const size_t kt_pairs_size = pairs ? bf16_gemm::packed_size(split ? q_depth : Dqk, kt_ld(to_size(S))) : 0,
+               v_pairs_size = pairs ? (split ? 2 : 1) * bf16_gemm::packed_size(to_size(S), Dv) : 0;
   auto buffers = [&](bool own) {  // a thread's own packs, or the shared ones
     const bool here = own != shared_packs;
     return std::tuple(Buffer<float>(here ? kt_size : 0, Buffer<float>::Uninitialized),
@@ -269,6 +294,13 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
         bf16_gemm::pack_b_transposed(k, to_size(a.key.stride_row), to_size(count), Dqk, to.kt_pairs);
         bf16_gemm::pack_b(v, to_size(a.value.stride_row), to_size(count), Dv, to.v_pairs);
       }
+    } else if constexpr (std::is_same_v<Kv, float16>) {
+      if (pairs) {
+        bf16_gemm::pack_split_b_transposed(k, to_size(a.key.stride_row), to_size(count), Dqk, to.kt_pairs,
+                                           kt_ld(to_size(count)));
+        to.v_lo = to.v_pairs + bf16_gemm::packed_size(to_size(count), Dv);
+        bf16_gemm::pack_split_b(v, to_size(a.value.stride_row), to_size(count), Dv, to.v_pairs, to.v_lo);
+      }
     }
     if (!pairs) {
       pack_transposed(k, to_size(a.key.stride_row), to_size(count), Dqk, to.kt);
@@ -276,6 +308,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
     }
     to.first = first;
     to.count = count;
+    to.kt_ld = kt_ld(to_size(count));
   };
   PackedKv shared_packed = view(shared);
 #pragma omp parallel
@@ -283,7 +316,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
     auto own = buffers(true);
     PackedKv packed = shared_packs ? shared_packed : view(own);
     int64_t packed_kv = -1;
-    Scratch scratch(p, additions.present(), Dqk, dv_padded, pairs);
+    Scratch scratch(p, additions.present(), Dqk, dv_padded, q_depth, !pairs ? 0 : split ? 2 : 1);
 
     auto run_task = [&](int64_t task) {
       const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();

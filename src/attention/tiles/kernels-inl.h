@@ -192,6 +192,40 @@ HWY_INLINE void StoreBF16Two(DF d, VF a, VF b, bfloat16* p) {
 #endif
 }
 
+// v as hi + lo, two bfloat16s (hi as StoreBF16 rounds v, lo = v − hi rounded the same way: within
+// 2⁻¹⁶·|v| of v together; lo = 0 where v is ±inf), for float16's split products (ScoreTile::
+// probs_bf16_lo). hi is read back from where it was stored, as the products will read it.
+HWY_INLINE void StoreBF16Split(DF d, VF v, bfloat16* hi, bfloat16* lo) {
+  StoreBF16(d, v, hi);
+  const VF h = mha::HWY_NAMESPACE::LoadAsFloat(d, hi);
+  StoreBF16(d, hn::IfThenZeroElse(hn::Eq(v, h), hn::Sub(v, h)), lo);
+}
+
+// StoreBF16Split of a's lanes then b's (2N numbers at hi and at lo): on the AVX-512 targets hi from
+// one VCVTNE2PS2BF16, widened back in registers, and lo from another.
+HWY_INLINE void StoreBF16SplitTwo(DF d, VF a, VF b, bfloat16* hi, bfloat16* lo) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)d;
+  const __m512i h = BF16Halves(a, b);
+  // (the zero-masked forms: GCC 12 builds the plain ones on an "undefined" vector and warns)
+  auto widened = [](__m256i half) {
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, half), 16));
+  };
+  auto rest = [](VF v, __m512 h32) {
+    VF r = v;
+    r.raw = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(v.raw, h32, _CMP_NEQ_UQ), v.raw, h32);
+    return r;
+  };
+  _mm512_storeu_si512(hi, h);
+  _mm512_storeu_si512(lo, BF16Halves(rest(a, widened(_mm512_castsi512_si256(h))),
+                                     rest(b, widened(_mm512_maskz_extracti64x4_epi64(0xff, h, 1)))));
+#else
+  StoreBF16Split(d, a, hi, lo);
+  StoreBF16Split(d, b, hi + hn::Lanes(d), lo + hn::Lanes(d));
+#endif
+}
+
 // a's and b's lanes as bfloat16 pairs at p, p[2i] = a[i] and p[2i + 1] = b[i] (bf16_gemm's layout
 // of rows 2k and 2k + 1 of a B operand), each rounded as StoreBF16 rounds it. On the AVX-512
 // targets BF16Halves and one VPERMW that interleaves the halves.
@@ -346,6 +380,7 @@ void OnlineSoftmaxTile(const ScoreTile& t, double* row_max, double* row_sum, flo
              log2e = hn::Set(d, kLog2e);
     // p at column c0 (returned) and, times the dropout factor, what P·V multiplies (kept).
     bfloat16* s_bf16 = t.probs_bf16 ? t.probs_bf16 + r * t.stride : nullptr;
+    bfloat16* s_lo = t.probs_bf16_lo ? t.probs_bf16_lo + r * t.stride : nullptr;
     auto probability = [&](size_t c0, VF& kept) {
       const VF x = hn::LoadU(d, s + c0);
       VF prob;
@@ -361,7 +396,9 @@ void OnlineSoftmaxTile(const ScoreTile& t, double* row_max, double* row_sum, flo
     };
     // kept at column c0, in bfloat16 for P·V or over the scores.
     auto store = [&](size_t c0, VF kept) {
-      if (s_bf16) {
+      if (s_lo) {
+        StoreBF16Split(d, kept, s_bf16 + c0, s_lo + c0);
+      } else if (s_bf16) {
         StoreBF16(d, kept, s_bf16 + c0);
       } else {
         hn::StoreU(kept, d, s + c0);
@@ -372,7 +409,9 @@ void OnlineSoftmaxTile(const ScoreTile& t, double* row_max, double* row_sum, flo
     for (; c0 + 2 * N <= padded; c0 += 2 * N) {
       sum0 = hn::Add(sum0, probability(c0, kept0));
       sum1 = hn::Add(sum1, probability(c0 + N, kept1));
-      if (s_bf16) {
+      if (s_lo) {
+        StoreBF16SplitTwo(d, kept0, kept1, s_bf16 + c0, s_lo + c0);
+      } else if (s_bf16) {
         StoreBF16Two(d, kept0, kept1, s_bf16 + c0);  // one conversion for both
       } else {
         store(c0, kept0);

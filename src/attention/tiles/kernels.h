@@ -49,6 +49,9 @@ struct ScoreTile {
   // nearest even, subnormals to 0 on AVX-512; row stride `stride`: the A operand of O += P·V on
   // bfloat16 operands) instead of into `scores`. Only where the CPU has AVX512_BF16.
   bfloat16* probs_bf16 = nullptr;
+  // With probs_bf16, for float16's split products (cpu_flash/blocks.h, forward_on_split): what
+  // rounding P to probs_bf16 left, rounded to bfloat16 here (P within 2⁻¹⁶·P of the two together).
+  bfloat16* probs_bf16_lo = nullptr;
   const float* bias = nullptr;
   const int64_t* first_visible = nullptr;
   const int64_t* end_visible = nullptr;
