@@ -69,4 +69,8 @@ for case in range(args.cases):
 rows.sort(reverse=True)
 for ratio, name, dtype, shape in rows[:10]:
     print(f"{ratio:5.2f} {name:6s} {dtype:8s} {shape}")
+for dtype in ("bfloat16", "float16"):
+    ratios = sorted(r[0] for r in rows if r[2] == dtype)
+    if ratios:
+        print(f"{dtype}: {len(ratios)} cases, ratio median {ratios[len(ratios) // 2]:.2f}, largest {ratios[-1]:.2f}")
 print(f"{len(rows)} cases; mha's error above 2x PyTorch's in {sum(r[0] > 2 for r in rows)}")

@@ -253,12 +253,7 @@ struct SplitRow {
     hi.resize(n);
     lo.resize(n);
     convert(x, wide.data(), n);
-    if (cpu_has_bf16()) return split_native(wide.data(), n, hi.data(), lo.data());
-    for (size_t i = 0; i < n; ++i) {
-      hi[i] = to_bfloat16(wide[i]);
-      const float h = to_float(hi[i]);
-      lo[i] = to_bfloat16(wide[i] == h ? 0.0f : wide[i] - h);
-    }
+    split(wide.data(), n, hi.data(), lo.data());
   }
 };
 
@@ -307,6 +302,15 @@ void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat1
         dst[2 * (pairs * n + col0 + c)] = x[(col0 + c) * ld + k - 1];
         dst[2 * (pairs * n + col0 + c) + 1] = bfloat16{0};
       }
+  }
+}
+
+void split(const float* x, size_t n, bfloat16* hi, bfloat16* lo) {
+  if (cpu_has_bf16()) return split_native(x, n, hi, lo);
+  for (size_t i = 0; i < n; ++i) {
+    hi[i] = to_bfloat16(x[i]);
+    const float h = to_float(hi[i]);
+    lo[i] = to_bfloat16(x[i] == h ? 0.0f : x[i] - h);
   }
 }
 

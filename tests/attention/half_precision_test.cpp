@@ -10,8 +10,8 @@
 //     (on the path a CPU without AVX512_BF16 takes, forced: bf16_gemm::ScopedFloat32Fallback);
 //   - bfloat16 on the CPU's bf16 instructions (products in bf16, P rounded to bfloat16 for P·V)
 //     against the reference in double, within a bound derived from those roundings; with value
-//     heads of another size its backward is the float call's rounded once; float16's forward on
-//     AMX tiles (split products) likewise;
+//     heads of another size its backward is the float call's rounded once; float16 on AMX tiles
+//     (split products), forward and backward, likewise;
 //   - the same on every SIMD target and each path of the products (AMX tiles, VDPBF16PS, float32),
 //     and bitwise the same for 1 and 2 threads on each;
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
@@ -107,13 +107,26 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
 // weights and dP, D from them here, in double (gradients checked without dropout: P there is the
 // probabilities themselves); logsumexp (from the float P) within float's error. Where the CPU has
 // no AVX512_BF16 this is the fallback's path, which meets the same bounds.
-void check_bf16_products(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(std::string("bf16 products on ") + bf16_gemm::name(bf16_gemm::path()) + ": " + c.describe());
+//
+// float16 on AMX tiles, the split products (forward_on_split, backward_on_split in
+// cpu_flash/blocks.h): every product of two float16s is exact (four bf16 products: bf16_gemm.h),
+// summed in float; P and dS are taken as hi + lo and the products of P or dS with Q, K, V or dO
+// leave out lo·lo. With u_b = 2⁻⁸: |x − x_hi| ≤ u_b·|x|, x_lo is x − x_hi within u_b of it, so
+// |x − x_hi − x_lo| ≤ u_b²·|x|, and |x_lo·y_lo| ≤ u_b(1 + u_b)·|x|·u_b·|y|: together below
+// 2⁻¹⁴·|x|·|y|. So the same bounds hold with 2⁻¹⁴ in the products' terms and float16's u = 2⁻¹¹
+// for the results' own rounding. (Where the CPU has no AMX every float16 call takes the float
+// products, which meet them too; the sweeps below hold that path to the float call bit for bit.)
+template <class Half>
+void check_products(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(std::string(storage_name<Half>()) + " products on " + bf16_gemm::name(bf16_gemm::path()) +
+               ": " + c.describe());
   Inputs in = make_inputs(c, seed);
-  round_inputs<bfloat16>(in);
-  const Results<bfloat16> h = run<bfloat16>(c, in, Backend::cpu_flash);
+  round_inputs<Half>(in);
+  const Results<Half> h = run<Half>(c, in, Backend::cpu_flash);
   const Results<double> ref = run<double>(c, in, Backend::reference);
-  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0, u = 0x1p-8;
+  constexpr bool bf16 = std::is_same_v<Half, bfloat16>;
+  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0;
+  const double u = bf16 ? 0x1p-8 : 0x1p-11, u_products = bf16 ? 0x1p-8 : 0x1p-14;
   auto largest = [](const auto& t) {
     double m = 0;
     for (auto x : t.values()) m = std::max(m, std::abs(static_cast<double>(x)));
@@ -121,13 +134,13 @@ void check_bf16_products(const Case& c, uint64_t seed) {
   };
   const double max_v = largest(in.v);
   // decode too (few rows): its Q·Kᵀ on VDPBF16PS, P·V in float (within the same bound).
-  std::vector<std::pair<const char*, Tensor<bfloat16>>> outputs{{"cpu_flash", h.fwd.output}};
+  std::vector<std::pair<const char*, Tensor<Half>>> outputs{{"cpu_flash", h.fwd.output}};
   if (c.q_len <= 16 && !c.need_weights)
-    outputs.emplace_back("decode", run_forward<bfloat16>(c, in, Backend::decode).output);
+    outputs.emplace_back("decode", run_forward<Half>(c, in, Backend::decode).output);
   for (const auto& [backend, output] : outputs)
     for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
       const double o64 = ref.fwd.output[i], o = widen(output[i]);
-      ASSERT_LE(std::abs(o - o64), u * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v)
+      ASSERT_LE(std::abs(o - o64), u_products * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v)
           << backend << " output[" << i << "]";
     }
   for (int64_t i = 0; i < ref.fwd.logsumexp.numel(); ++i) {
@@ -147,7 +160,14 @@ void check_bf16_products(const Case& c, uint64_t seed) {
                 Dv = c.v_dim;
   const double scale = std::abs(c.scoring.scale.value_or(1 / std::sqrt(static_cast<double>(Dk))));
   Tensor<double> mag_q({B, H, L, Dk}), mag_k({B, c.kv_heads, S, Dk}), mag_v({B, c.kv_heads, S, Dv});
-  std::vector<double> dp(static_cast<size_t>(S));
+  // Besides the products' roundings (u_products), float's own error in each P: its score s within
+  // γ·scale·Σ_e |q_e·k_e| of s64 (γ = (4·Dk + 2)·2⁻²⁴: the split products' 4·Dk terms, the scale
+  // and the additions), its exponential's argument within 2⁻²³·(|s| + |logsumexp|) more, the
+  // exponential within 2⁻²²: ε·P, which grows with the scores (ALiBi over 16 500 keys: |s| in the
+  // thousands), negligible beside bfloat16's u but not beside 2⁻¹⁴. D = Σ P·dP / Σ P then errs
+  // by at most 2·Σ_j ε_j·P_j·|dP_j|, and dS = P∘(dP − D) by (u_products + ε)·P·(|dP| + |D|) + P·ΔD.
+  const double gamma = (4.0 * static_cast<double>(Dk) + 2) * 0x1p-24;
+  std::vector<double> dp(static_cast<size_t>(S)), eps(static_cast<size_t>(S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hq = 0; hq < H; ++hq)
       for (int64_t i = 0; i < L; ++i) {
@@ -155,29 +175,39 @@ void check_bf16_products(const Case& c, uint64_t seed) {
         const float* dout = &in.dout[((b * H + hq) * L + i) * Dv];
         const float* q = &in.q[((b * H + hq) * L + i) * Dk];
         const double* p = &P[((b * H + hq) * L + i) * S];
-        double d = 0;
+        const double lse = ref.fwd.logsumexp[(b * H + hq) * L + i];
+        if (std::isinf(lse)) continue;  // a fully masked row: P = 0, no part in any gradient
+        double d = 0, d_error = 0;
         for (int64_t j = 0; j < S; ++j) {
           const float* v = &in.v[((b * c.kv_heads + kv) * S + j) * Dv];
-          double x = 0;
+          const float* k = &in.k[((b * c.kv_heads + kv) * S + j) * Dk];
+          double x = 0, qk = 0;
           for (int64_t e = 0; e < Dv; ++e) x += static_cast<double>(dout[e]) * v[e];
+          for (int64_t e = 0; e < Dk; ++e) qk += std::abs(static_cast<double>(q[e]) * k[e]);
+          const double score = p[j] > 0 ? std::abs(lse + std::log(p[j])) : 0.0;
+          eps[static_cast<size_t>(j)] = gamma * scale * qk + 0x1p-23 * (score + std::abs(lse)) + 0x1p-22;
           dp[static_cast<size_t>(j)] = x;
           d += p[j] * x;
+          d_error += 2 * eps[static_cast<size_t>(j)] * p[j] * std::abs(x);
         }
         for (int64_t j = 0; j < S; ++j) {
-          const double ds = p[j] * (std::abs(dp[static_cast<size_t>(j)]) + std::abs(d));
+          const double f = u_products + eps[static_cast<size_t>(j)];
+          const double ds = p[j] * (f * (std::abs(dp[static_cast<size_t>(j)]) + std::abs(d)) + d_error);
           const float* k = &in.k[((b * c.kv_heads + kv) * S + j) * Dk];
-          for (int64_t e = 0; e < Dv; ++e) mag_v[((b * c.kv_heads + kv) * S + j) * Dv + e] += p[j] * std::abs(dout[e]);
+          for (int64_t e = 0; e < Dv; ++e)
+            mag_v[((b * c.kv_heads + kv) * S + j) * Dv + e] += f * p[j] * std::abs(dout[e]);
           for (int64_t e = 0; e < Dk; ++e) {
             mag_k[((b * c.kv_heads + kv) * S + j) * Dk + e] += scale * ds * std::abs(q[e]);
             mag_q[((b * H + hq) * L + i) * Dk + e] += scale * ds * std::abs(k[e]);
           }
         }
       }
-  auto expect_gradient = [&](const Tensor<bfloat16>& g, const Tensor<double>& g64, const Tensor<double>& magnitude,
-                             const char* name) {
+  auto expect_gradient = [&](const Tensor<Half>& g, const Tensor<double>& g64,
+                             const Tensor<double>& magnitude, const char* name) {
     const double slack = 0x1p-16 * largest(g64);
     for (int64_t i = 0; i < g64.numel(); ++i)
-      ASSERT_LE(std::abs(widen(g[i]) - g64[i]), u * (magnitude[i] + std::abs(g64[i])) + slack) << name << "[" << i << "]";
+      ASSERT_LE(std::abs(widen(g[i]) - g64[i]), magnitude[i] + u * std::abs(g64[i]) + slack)
+          << name << "[" << i << "]";
   };
   expect_gradient(h.grads.grad_query, ref.grads.grad_query, mag_q, "grad_query");
   expect_gradient(h.grads.grad_key, ref.grads.grad_key, mag_k, "grad_key");
@@ -199,43 +229,7 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
       const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
       Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
       vary_options(c, n, heads, 3);
-      check_bf16_products(c, 900 + static_cast<uint64_t>(n));
-    }
-  }
-}
-
-// float16 on AMX tiles: cpu_flash's forward on the split products (forward_on_split in
-// cpu_flash/blocks.h). Every product of two float16s is exact (four bf16 products: bf16_gemm.h),
-// summed in float; P·V takes the float P as P_hi + P_lo and V exactly, leaving out P_lo·V_lo. With
-// u_b = 2⁻⁸ (bfloat16's unit roundoff): |P − P_hi| ≤ u_b·P, P_lo is P − P_hi within u_b of it, so
-// |P − P_hi − P_lo| ≤ u_b²·P, and |P_lo·V_lo| ≤ u_b(1 + u_b)·P·u_b·|v|: together at most
-// 2⁻¹⁵·Σ_j P_j·z·|v_je| ≤ 2⁻¹⁵·z·max|v|. Against the reference in double on the same values, the
-// output rounded once to float16 (u = 2⁻¹¹, u·|o64|) and float's own error within 2⁻¹⁶ of the
-// largest |v| (as check_bf16_products):
-//   |o − o64| ≤ u·|o64| + 2⁻¹⁵·z·max|v| + 2⁻¹⁶·max|v|
-// and logsumexp within float's error. (Where the CPU has no AMX every float16 call takes the float
-// products, which meet the same bound; the sweeps below hold that path to the float call bit for
-// bit. The backward takes the float products either way.)
-void check_float16_split(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(std::string("float16 on ") + bf16_gemm::name(bf16_gemm::path()) + ": " + c.describe());
-  Inputs in = make_inputs(c, seed);
-  round_inputs<float16>(in);
-  const ForwardResult<float16> h = run_forward<float16>(c, in, Backend::cpu_flash);
-  const ForwardResult<double> ref = run_forward<double>(c, in, Backend::reference);
-  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0;
-  double max_v = 0;
-  for (float x : in.v.values()) max_v = std::max(max_v, std::abs(static_cast<double>(x)));
-  for (int64_t i = 0; i < ref.output.numel(); ++i) {
-    const double o64 = ref.output[i], o = widen(h.output[i]);
-    ASSERT_LE(std::abs(o - o64), 0x1p-11 * std::abs(o64) + 0x1p-15 * z * max_v + 0x1p-16 * max_v)
-        << "output[" << i << "]";
-  }
-  for (int64_t i = 0; i < ref.logsumexp.numel(); ++i) {
-    const double l64 = ref.logsumexp[i], l = h.logsumexp[i];
-    if (std::isinf(l64)) {
-      EXPECT_EQ(l, l64) << "logsumexp[" << i << "]";
-    } else {
-      EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
+      check_products<bfloat16>(c, 900 + static_cast<uint64_t>(n));
     }
   }
 }
@@ -254,7 +248,7 @@ TEST(HalfPrecision, Float16SplitProductsWithinTheirRounding) {
                      n % 2 ? 24 : 64);
       vary_options(c, n, heads, 3);
       c.need_weights = n % 6 == 1;
-      check_float16_split(c, 1100 + static_cast<uint64_t>(n));
+      check_products<float16>(c, 1100 + static_cast<uint64_t>(n));
     }
   }
 }
@@ -333,7 +327,7 @@ TEST(HalfPrecision, Bf16SoftmaxExponentialWithinFloatsError) {
 // off at 5e9: the row's own term came out as e^256 = inf, or every term as 0 and the row as 0/0).
 // Expected, by hand: logsumexp = max(x, 0) within the same (2|x| + 6)·u (log1p(e^−|x|) < e^−1000);
 // P one-hot, so the output is v of the larger score's key (v0 = (1, 0), v1 = (0, 1)) within the
-// rounding of P to bfloat16 for P·V and of the output (u = 2⁻⁸ each: check_bf16_products' bound);
+// rounding of P to bfloat16 for P·V and of the output (u = 2⁻⁸ each: check_products' bound);
 // with dO = 1, dV is the count of rows each key wins within the same two roundings (of each P and
 // of the sum); dP = dO·v = 1 for both keys, so
 // D = Σ P·dP / Σ P = p/p = 1 exactly (one nonzero P, p, times 1), dS = P∘(dP − D) = 0 and dQ, dK
@@ -435,8 +429,8 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
       check_half<bfloat16>(c, 801, Backend::cpu_flash);
       check_half<float16>(c, 802, Backend::decode);
     }
-    check_bf16_products(c, 804);
-    check_float16_split(c, 805);
+    check_products<bfloat16>(c, 804);
+    check_products<float16>(c, 805);
   }
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);

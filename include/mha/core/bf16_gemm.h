@@ -48,11 +48,15 @@ void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat1
 //                             past n zero): packed_size(split_depth(k), ldb) elements. Then
 //                             multiply(m, n, split_depth(k), A, ·, B, ldb, C, ·) is C = X_A·Xᵀ.
 //   pack_split_b              X k × n as two packed B (pack_b's layout), Xhi and Xlo:
-//                             packed_size(k, n) elements each.
+//                             packed_size(k, n) elements each;
+//   split(x, n, hi, lo)       floats x[0, n) as hi and lo apart: exact where x holds float16s;
+//                             any float within 2⁻¹⁶·|x| (lo rounded too). Where the CPU has
+//                             AVX512_BF16 by VCVTNEPS2BF16, which rounds a float subnormal to 0.
 size_t split_depth(size_t k);
 void split_a(const float16* x, size_t k, bfloat16* dst);
 void pack_split_b_transposed(const float16* x, size_t ld, size_t n, size_t k, bfloat16* dst, size_t ldb);
 void pack_split_b(const float16* x, size_t ld, size_t k, size_t n, bfloat16* hi, bfloat16* lo);
+void split(const float* x, size_t n, bfloat16* hi, bfloat16* lo);
 
 // C[r][c] (row stride ldc, n columns) = (accumulate: C[r][c] +) Σ_kk A[r][kk]·B[kk][c], A m × k
 // (row stride lda), B packed by pack_b or pack_b_transposed for ldb ≥ n columns. B may be a block

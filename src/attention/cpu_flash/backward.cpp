@@ -129,12 +129,18 @@ struct Plan {
   bool banded;      // S, dP and dQ by groups of rows (for_each_band)
   // The five products on bf16 pairs (bf16_gemm; bfloat16 operands where the CPU has AVX512_BF16)
   // instead of float panels; then Q's and dO's rows and their transposes are copied with even
-  // strides.
-  bool pairs;
+  // strides. Split (float16 on AMX tiles, backward_on_split): Q's and dO's rows split to
+  // split_depth (dq2, dv2), their transposes, P and dS as hi and lo, K, Kᵀ and Vᵀ split.
+  bool pairs, split;
   size_t dq2, dv2, br2;
   size_t step;  // where a band's columns may begin
 
-  Plan(const Problem& p, bool pairs)
+  size_t parts() const { return split ? 2 : 1; }  // of each bf16 operand: hi (and lo)
+  // The packed width of Kᵀ and Vᵀ on pairs: the segment's keys, or split_width's for split ones.
+  size_t kt_width(size_t seg_keys) const { return split ? split_width(segment) : seg_keys; }
+  size_t kt_width() const { return kt_width(segment); }
+
+  Plan(const Problem& p, bool pairs, bool split)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), W(panel_width()),
         Br(to_size(block_rows(p, kBackwardQueries))),
@@ -148,7 +154,9 @@ struct Plan {
         chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
-        partial(p.partial_keys()), banded(narrow_window(p)), pairs(pairs), dq2(round_up(Dqk, 2)), dv2(round_up(Dv, 2)),
+        partial(p.partial_keys()), banded(narrow_window(p)), pairs(pairs || split), split(split),
+        dq2(split ? bf16_gemm::split_depth(Dqk) : round_up(Dqk, 2)),
+        dv2(split ? bf16_gemm::split_depth(Dv) : round_up(Dv, 2)),
         br2(round_up(Br, 2)), step(key_step()) {}
 };
 
@@ -181,12 +189,14 @@ struct Scratch {
         dot(n.Dv * n.Br), dq(n.Br * n.dqk_padded), delta(n.Br), lse_hi(n.Br), lse_lo(n.Br), renorm(n.Br),
         row_dot(n.Br), row_mass(n.Br), mass(n.Br), first(n.Br), end(n.Br), visible(n.Br),
         dout(half ? n.Br * n.Dv : 0), cap_slope(softcapped ? n.Br * n.walk_stride : 0),
-        kt_pairs(n.pairs ? bf16_gemm::packed_size(n.Dqk, n.segment) : 0),
-        vt_pairs(n.pairs ? bf16_gemm::packed_size(n.Dv, n.segment) : 0),
-        k_pairs(n.pairs ? bf16_gemm::packed_size(n.segment, n.Dqk) : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
-        dout16(n.pairs ? n.Br * n.dv2 : 0), qt16(n.pairs ? n.Dqk * n.br2 : 0), dot16(n.pairs ? n.Dv * n.br2 : 0),
-        p_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0),
-        ds_pairs(n.pairs ? bf16_gemm::packed_size(n.Br, n.Bc) : 0), ds16(n.pairs ? n.Br * n.Bc : 0) {}
+        kt_pairs(n.pairs ? bf16_gemm::packed_size(n.split ? n.dq2 : n.Dqk, n.kt_width()) : 0),
+        vt_pairs(n.pairs ? bf16_gemm::packed_size(n.split ? n.dv2 : n.Dv, n.kt_width()) : 0),
+        k_pairs(n.pairs ? n.parts() * bf16_gemm::packed_size(n.segment, n.Dqk) : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
+        dout16(n.pairs ? n.Br * n.dv2 : 0), qt16(n.pairs ? n.parts() * n.Dqk * n.br2 : 0),
+        dot16(n.pairs ? n.parts() * n.Dv * n.br2 : 0),
+        p_pairs(n.pairs ? n.parts() * bf16_gemm::packed_size(n.Br, n.Bc) : 0),
+        ds_pairs(n.pairs ? n.parts() * bf16_gemm::packed_size(n.Br, n.Bc) : 0),
+        ds16(n.pairs ? n.parts() * n.Br * n.Bc : 0) {}
 
   float* dkt() { return kvt.data(); }
   float* dvt(const Plan& n) { return kvt.data() + n.Dqk * n.key_stride; }
@@ -221,7 +231,7 @@ class Backward {
  public:
   Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
       : p_(p), additions_(additions), a_(a),
-        n_(p, backward_on_pairs<T>(p)),
+        n_(p, backward_on_pairs<T>(p), backward_on_split<T>()),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
         all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
@@ -265,6 +275,13 @@ class Backward {
         bf16_gemm::pack_b_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_pairs.data());
         bf16_gemm::pack_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data());
         if (gradients) bf16_gemm::pack_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data());
+      } else if constexpr (std::is_same_v<T, float16>) {
+        const size_t width = n_.kt_width(seg_keys);
+        bf16_gemm::pack_split_b_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_pairs.data(), width);
+        bf16_gemm::pack_split_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data(), width);
+        if (gradients)
+          bf16_gemm::pack_split_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data(),
+                                  s.k_pairs.data() + bf16_gemm::packed_size(n_.segment, n_.Dqk));
       }
     } else {
       pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
@@ -292,13 +309,18 @@ class Backward {
     const float scale = static_cast<float>(p_.scale);
     const T* q_block = a_.query.row(b, h, i0);
     const size_t q_ld = to_size(a_.query.stride_row);
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      if (n_.pairs) {  // Q and dO as they are, rows of even stride (the kernels apply the scale)
+    if constexpr (!std::is_same_v<T, float>) {
+      if (n_.pairs) {  // Q and dO as they are (or split), rows of even stride (the kernels apply the scale)
         const T* dout_block = a_.grad_output.row(b, h, i0);
         const size_t dout_ld = to_size(a_.grad_output.stride_row);
         for (size_t r = 0; r < rows; ++r) {
-          std::copy_n(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
-          std::copy_n(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
+          if constexpr (std::is_same_v<T, bfloat16>) {
+            std::copy_n(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
+            std::copy_n(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
+          } else {
+            bf16_gemm::split_a(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
+            bf16_gemm::split_a(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
+          }
         }
       }
     }
@@ -333,6 +355,8 @@ class Backward {
     const float* dout_block = dout.first;
     const size_t dout_ld = dout.second;
     const size_t W = n_.W, ws = n_.walk_stride, seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
+    // On pairs: the depths of S = Q·Kᵀ and dP = dO·Vᵀ (split: four times), Kᵀ's and Vᵀ's width.
+    const size_t dqk = n_.split ? n_.dq2 : n_.Dqk, dv = n_.split ? n_.dv2 : n_.Dv, ldb = n_.kt_width(seg_keys);
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
@@ -342,10 +366,10 @@ class Backward {
       for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
         const size_t c = c0 + g.first_col, width = g.end_col - g.first_col;
         if (width > 0 && n_.pairs) {
-          bf16_gemm::multiply(g.rows, width, n_.Dqk, s.q16.data() + g.first_row * n_.dq2, n_.dq2, s.kt_pairs.data() + 2 * c,
-                              seg_keys, probs + g.first_row * ws + g.first_col, ws, false);
-          bf16_gemm::multiply(g.rows, width, n_.Dv, s.dout16.data() + g.first_row * n_.dv2, n_.dv2,
-                              s.vt_pairs.data() + 2 * c, seg_keys, dprobs + g.first_row * ws + g.first_col, ws, false);
+          bf16_gemm::multiply(g.rows, width, dqk, s.q16.data() + g.first_row * n_.dq2, n_.dq2,
+                              s.kt_pairs.data() + 2 * c, ldb, probs + g.first_row * ws + g.first_col, ws, false);
+          bf16_gemm::multiply(g.rows, width, dv, s.dout16.data() + g.first_row * n_.dv2, n_.dv2,
+                              s.vt_pairs.data() + 2 * c, ldb, dprobs + g.first_row * ws + g.first_col, ws, false);
         } else if (width > 0) {
           multiply(g.rows, width, n_.Dqk, {s.q_scaled.data() + g.first_row * n_.Dqk, n_.Dqk},
                    packed_columns(s.kt_packed.data(), n_.Dqk, c, W), {probs + g.first_row * ws + g.first_col, ws}, false);
@@ -424,7 +448,7 @@ class Backward {
     // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
     // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
     // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
-    if (n_.pairs) {
+    if (n_.pairs && !n_.split) {
       if constexpr (std::is_same_v<T, bfloat16>) {
         const size_t br2 = n_.br2;
         transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt16.data(), br2);
@@ -443,6 +467,13 @@ class Backward {
         for (size_t d = 0; d < Dqk; ++d) s.qt[d * Br + r] = 0.0f;
         for (size_t d = 0; d < Dv; ++d) s.dot[d * Br + r] = 0.0f;
       }
+      if (n_.split) {  // the transposes (float16's values, exact in float) split into hi and lo
+        const size_t br2 = n_.br2;
+        for (size_t d = 0; d < Dqk; ++d)
+          bf16_gemm::split(s.qt.data() + d * Br, rows, s.qt16.data() + d * br2, s.qt16.data() + (Dqk + d) * br2);
+        for (size_t d = 0; d < Dv; ++d)
+          bf16_gemm::split(s.dot.data() + d * Br, rows, s.dot16.data() + d * br2, s.dot16.data() + (Dv + d) * br2);
+      }
     }
     std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
     const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
@@ -454,18 +485,41 @@ class Backward {
       // On bf16 pairs P∘Z and dS come rounded to bfloat16 (as PyTorch's kernel multiplies them),
       // packed over the rows for dVᵀ and dKᵀ (ldb Bc) and dS also as rows for dQ.
       const size_t Bc = n_.Bc;
-      const Bf16Operands bf16{s.p_pairs.data(), s.ds_pairs.data(), Bc, s.ds16.data(), Bc};
+      // Split: their lo parts after the hi ones.
+      const size_t pairs_size = bf16_gemm::packed_size(Br, Bc);
+      const Bf16Operands bf16{s.p_pairs.data(),
+                              s.ds_pairs.data(),
+                              Bc,
+                              s.ds16.data(),
+                              Bc,
+                              n_.split ? s.p_pairs.data() + pairs_size : nullptr,
+                              n_.split ? s.ds_pairs.data() + pairs_size : nullptr,
+                              n_.split ? s.ds16.data() + Br * Bc : nullptr};
       score_gradients_tile(block_probs, block_ds, ws, rows, cols, s.delta.data(),
                            p_.dropout() ? s.factors.data() + t0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
                            p_.softcapped() ? s.cap_slope.data() + t0 : nullptr, n_.pairs ? &bf16 : nullptr);
       if (n_.pairs) {
-        bf16_gemm::multiply(Dv, cols, rows, s.dot16.data(), n_.br2, s.p_pairs.data(), Bc, s.dvt(n_) + c0, ks, true);
-        bf16_gemm::multiply(Dqk, cols, rows, s.qt16.data(), n_.br2, s.ds_pairs.data(), Bc, s.dkt() + c0, ks, true);
+        // Each product on its operands' hi parts, and split also lo·hi and hi·lo (blocks.h).
+        auto terms = [&](const bfloat16* a, size_t a_lo, const bfloat16* b, size_t b_lo, auto&& multiply_ab) {
+          multiply_ab(a, b);
+          if (!n_.split) return;
+          multiply_ab(a + a_lo, b);
+          multiply_ab(a, b + b_lo);
+        };
+        terms(s.dot16.data(), Dv * n_.br2, s.p_pairs.data(), pairs_size, [&](const bfloat16* a, const bfloat16* b) {
+          bf16_gemm::multiply(Dv, cols, rows, a, n_.br2, b, Bc, s.dvt(n_) + c0, ks, true);
+        });
+        terms(s.qt16.data(), Dqk * n_.br2, s.ds_pairs.data(), pairs_size, [&](const bfloat16* a, const bfloat16* b) {
+          bf16_gemm::multiply(Dqk, cols, rows, a, n_.br2, b, Bc, s.dkt() + c0, ks, true);
+        });
+        const size_t k_lo = bf16_gemm::packed_size(n_.segment, Dqk);
         for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
           if (g.end_col > g.first_col)
-            bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, s.ds16.data() + g.first_row * Bc + g.first_col, Bc,
-                                s.k_pairs.data() + (c0 + g.first_col) * Dqk, Dqk,
-                                s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded, true);
+            terms(s.ds16.data() + g.first_row * Bc + g.first_col, Br * Bc, s.k_pairs.data() + (c0 + g.first_col) * Dqk,
+                  k_lo, [&](const bfloat16* a, const bfloat16* b) {
+                    bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, a, Bc, b, Dqk,
+                                        s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded, true);
+                  });
         });
         continue;
       }

@@ -69,13 +69,26 @@ bool forward_on_pairs() {
 //   products per float16 product, summed in float as the float products are), Q·Kᵀ at four times
 //   the depth and P·V on P split the same way (within 2⁻¹⁶ of the float P). The tiles multiply
 //   bf16 at several times the float FMA's rate; VDPBF16PS alone (AMD Zen 4) would do four
-//   products in the time of fewer than two FMAs there, so float16 keeps the float panels. The
-//   backward keeps them too (docs/bfloat16.md).
+//   products in the time of fewer than two FMAs there, so float16 keeps the float panels.
+// - backward, float16 where the forward takes the split products: S and dP at four times the
+//   depth, and dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS, dQ += dS·K as three products each on P and dS split as
+//   the forward's P (hi·hi + lo·hi + hi·lo; lo·lo, at most 2⁻¹⁶ of the term, left out), for any
+//   head sizes (docs/bfloat16.md).
 template <class T, class Kv>
 bool forward_on_split() {
   return std::is_same_v<T, float16> && std::is_same_v<Kv, float16> &&
          bf16_gemm::path() == bf16_gemm::Path::amx;
 }
+template <class T>
+bool backward_on_split() {
+  return forward_on_split<T, T>();
+}
+// The packed width of a split Kᵀ or Vᵀ of `keys` columns: its pair rows 4·width bytes apart, not
+// 4·keys, which for keys a multiple of 1024 would put the 16 rows of a tile load in one L1 set
+// (measured, alternating builds, forward at (4, 8, 2048), d = 128: 157 → 146 ms non-causal, 96 → 89
+// causal; d = 64: 3–5%). bfloat16's Kᵀ, four times shallower, did not move with the same spacing
+// (forward or backward), so keeps its own.
+inline size_t split_width(size_t keys) { return (keys + 15) / 16 * 16 + 16; }
 template <class T>
 bool backward_on_pairs(const Problem& p) {
   return forward_on_pairs<T, T>() && p.qk_head_dim == p.v_head_dim;

@@ -261,11 +261,7 @@ void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, con
   // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
   // after another.
   const bool shared_packs = S > kLongKeys;
-  // The split Kᵀ's pair rows are kt_ld(keys) apart, not 4·keys bytes: for keys a multiple of 1024
-  // that would put the 16 rows of a tile load in one L1 set (measured, alternating builds, (4, 8,
-  // 2048), d = 128: 157 → 146 ms non-causal, 96 → 89 causal; d = 64: 3–5%). bfloat16's Kᵀ, four
-  // times shallower, did not move with the same spacing (forward or backward), so keeps its own.
-  auto kt_ld = [&](size_t keys) { return split ? (keys + 15) / 16 * 16 + 16 : keys; };
+  auto kt_ld = [&](size_t keys) { return split ? split_width(keys) : keys; };  // Kᵀ's packed width
   const size_t q_depth = !pairs ? 0 : split ? bf16_gemm::split_depth(Dqk) : round_up(Dqk, 2);
   // The packs' sizes: float panels, or bf16 pairs (Kᵀ's pairs over Dqk, V's over the keys; split:
   // over split_depth(Dqk), and V's hi and lo).

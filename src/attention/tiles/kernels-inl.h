@@ -195,10 +195,15 @@ HWY_INLINE void StoreBF16Two(DF d, VF a, VF b, bfloat16* p) {
 // v as hi + lo, two bfloat16s (hi as StoreBF16 rounds v, lo = v − hi rounded the same way: within
 // 2⁻¹⁶·|v| of v together; lo = 0 where v is ±inf), for float16's split products (ScoreTile::
 // probs_bf16_lo). hi is read back from where it was stored, as the products will read it.
+HWY_INLINE VF BF16Rest(DF d, VF v) {  // v − (v as StoreBF16 rounds it), 0 where that is v (±inf)
+  HWY_ALIGN bfloat16 rounded[hn::MaxLanes(DF())];
+  StoreBF16(d, v, rounded);
+  const VF h = mha::HWY_NAMESPACE::LoadAsFloat(d, rounded);
+  return hn::IfThenZeroElse(hn::Eq(v, h), hn::Sub(v, h));
+}
 HWY_INLINE void StoreBF16Split(DF d, VF v, bfloat16* hi, bfloat16* lo) {
   StoreBF16(d, v, hi);
-  const VF h = mha::HWY_NAMESPACE::LoadAsFloat(d, hi);
-  StoreBF16(d, hn::IfThenZeroElse(hn::Eq(v, h), hn::Sub(v, h)), lo);
+  StoreBF16(d, BF16Rest(d, v), lo);
 }
 
 // StoreBF16Split of a's lanes then b's (2N numbers at hi and at lo): on the AVX-512 targets hi from
@@ -535,6 +540,14 @@ void ScoreGradientsTile(float* probs, float* dprob, size_t stride, size_t rows, 
         StoreBF16Pairs(d, ds0, ds1, ds_pairs + 2 * c0);
         StoreBF16(d, ds0, ds_rows + c0);
         if (second) StoreBF16(d, ds1, ds_rows + bf16->rows_ld + c0);
+        if (bf16->p_pairs_lo) {  // what those roundings left (StoreBF16Split), in the same places
+          const size_t pairs_at = r * bf16->pairs_ld + 2 * c0, rows_at = r * bf16->rows_ld + c0;
+          const VF ds_rest0 = BF16Rest(d, ds0), ds_rest1 = BF16Rest(d, ds1);
+          StoreBF16Pairs(d, BF16Rest(d, p0), BF16Rest(d, p1), bf16->p_pairs_lo + pairs_at);
+          StoreBF16Pairs(d, ds_rest0, ds_rest1, bf16->ds_pairs_lo + pairs_at);
+          StoreBF16(d, ds_rest0, bf16->ds_rows_lo + rows_at);
+          if (second) StoreBF16(d, ds_rest1, bf16->ds_rows_lo + rows_at + bf16->rows_ld);
+        }
       }
     }
     return;

@@ -93,12 +93,18 @@ void probabilities_tile(const ScoreTile& tile, const float* lse_hi, const float*
 //                      column c at (r / 2)·2·pairs_ld + 2c + r % 2; an odd row count gets a zero row);
 //   ds_rows            dS by rows (row stride rows_ld), the A operand of dQ += dS·K.
 // Both strides at least cols rounded up to 16 (the kernels write whole vectors).
+// With the three *_lo given (float16's split products, cpu_flash/blocks.h): what rounding each of
+// those to bfloat16 left, rounded to bfloat16 too, in the same layouts (within 2⁻¹⁶ of the float
+// values together).
 struct Bf16Operands {
   bfloat16* p_pairs;
   bfloat16* ds_pairs;
   size_t pairs_ld;
   bfloat16* ds_rows;
   size_t rows_ld;
+  bfloat16* p_pairs_lo = nullptr;
+  bfloat16* ds_pairs_lo = nullptr;
+  bfloat16* ds_rows_lo = nullptr;
 };
 
 // dS = P ∘ (dP − D_r) ∘ cap_slope (cap_slope: the soft-cap's derivative, or null for none),
