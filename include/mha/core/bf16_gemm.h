@@ -35,7 +35,7 @@ size_t packed_size(size_t k, size_t n);
 void pack_b(const bfloat16* x, size_t ld, size_t k, size_t n, bfloat16* dst);
 void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat16* dst);
 
-// float16 on the same products (cpu_flash's float16 forward on AMX tiles): every float16 x is
+// float16 on the same products (cpu_flash's float16 attention on AMX tiles): every float16 x is
 // exactly hi + lo with hi = x rounded to bfloat16 and lo = x − hi (x has 11 significant bits, hi
 // the top 8, lo the other 3, and both lie in bfloat16's range), so x·y = hi·hi' + lo·hi' + hi·lo'
 // + lo·lo', four exact bf16 products. A product on split operands is the float16 product with
