@@ -139,6 +139,7 @@ struct Plan {
   // The packed width of Kᵀ and Vᵀ on pairs: the segment's keys, or split_width's for split ones.
   size_t kt_width(size_t seg_keys) const { return split ? split_width(segment) : seg_keys; }
   size_t kt_width() const { return kt_width(segment); }
+  size_t k_lo() const { return bf16_gemm::packed_size(segment, Dqk); }  // split: where K's lo pack starts
 
   Plan(const Problem& p, bool pairs, bool split)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
@@ -191,7 +192,7 @@ struct Scratch {
         dout(half ? n.Br * n.Dv : 0), cap_slope(softcapped ? n.Br * n.walk_stride : 0),
         kt_pairs(n.pairs ? bf16_gemm::packed_size(n.split ? n.dq2 : n.Dqk, n.kt_width()) : 0),
         vt_pairs(n.pairs ? bf16_gemm::packed_size(n.split ? n.dv2 : n.Dv, n.kt_width()) : 0),
-        k_pairs(n.pairs ? n.parts() * bf16_gemm::packed_size(n.segment, n.Dqk) : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
+        k_pairs(n.pairs ? n.parts() * n.k_lo() : 0), q16(n.pairs ? n.Br * n.dq2 : 0),
         dout16(n.pairs ? n.Br * n.dv2 : 0), qt16(n.pairs ? n.parts() * n.Dqk * n.br2 : 0),
         dot16(n.pairs ? n.parts() * n.Dv * n.br2 : 0),
         p_pairs(n.pairs ? n.parts() * bf16_gemm::packed_size(n.Br, n.Bc) : 0),
@@ -281,7 +282,7 @@ class Backward {
         bf16_gemm::pack_split_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data(), width);
         if (gradients)
           bf16_gemm::pack_split_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data(),
-                                  s.k_pairs.data() + bf16_gemm::packed_size(n_.segment, n_.Dqk));
+                                  s.k_pairs.data() + n_.k_lo());
       }
     } else {
       pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
@@ -512,11 +513,10 @@ class Backward {
         terms(s.qt16.data(), Dqk * n_.br2, s.ds_pairs.data(), pairs_size, [&](const bfloat16* a, const bfloat16* b) {
           bf16_gemm::multiply(Dqk, cols, rows, a, n_.br2, b, Bc, s.dkt() + c0, ks, true);
         });
-        const size_t k_lo = bf16_gemm::packed_size(n_.segment, Dqk);
         for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
           if (g.end_col > g.first_col)
             terms(s.ds16.data() + g.first_row * Bc + g.first_col, Br * Bc, s.k_pairs.data() + (c0 + g.first_col) * Dqk,
-                  k_lo, [&](const bfloat16* a, const bfloat16* b) {
+                  n_.k_lo(), [&](const bfloat16* a, const bfloat16* b) {
                     bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, a, Bc, b, Dqk,
                                         s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded, true);
                   });

@@ -53,7 +53,7 @@ struct PackedKv {
 // One thread's scratch for query blocks of at most Br rows: the score tile and its additions
 // (Br × Bc, row stride Bc), the output accumulator and the per-row state.
 struct Scratch {
-  size_t dv_padded;
+  size_t dv_padded, q_depth;  // q_depth: Q's row stride on bf16 pairs (split: split_depth(Dqk))
   Buffer<float> scores, bias, factors, out, q_scaled, lse_hi, lse_lo;
   // With bf16 pairs: Q (row stride q_depth) and P; split, P's hi and then its lo tile.
   Buffer<bfloat16> q_pairs, p_pairs;
@@ -63,6 +63,7 @@ struct Scratch {
 
   Scratch(const Problem& p, bool masked, size_t Dqk, size_t dv_padded, size_t q_depth, size_t p_tiles)
       : dv_padded(dv_padded),
+        q_depth(q_depth),
         scores(kForwardQueries * kForwardKeys),
         bias(masked ? kForwardQueries * kForwardKeys : 0),
         factors(p.dropout() ? kForwardQueries * kForwardKeys : 0),
@@ -100,7 +101,7 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
   // pairs, Q itself in rows of even stride, or split (the kernels then scale each score as they
   // read it: scale·Q would not be a bfloat16).
   const bool pairs = kv.pairs(), split = pairs && std::is_same_v<T, float16>;
-  const size_t dq_pairs = split ? bf16_gemm::split_depth(Dqk) : round_up(Dqk, 2);
+  const size_t dq_pairs = s.q_depth;
   const size_t depth = split ? dq_pairs : Dqk;  // of S = Q·Kᵀ
   for (size_t r = 0; r < rows; ++r) {
     const T* q = a.query.row(b, h, i0 + static_cast<int64_t>(r));
