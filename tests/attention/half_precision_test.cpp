@@ -234,6 +234,31 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   }
 }
 
+// dKᵀ and dVᵀ of 256 × 2 100 floats (2.1 MB, past 2 MiB): on AMX tiles the backward takes blocks of
+// 192 rows (backward_rows), here two and a ragged 16, under a causal mask, a padding mask and
+// sinks; within the products' rounding on every path, and 1 and 2 threads bitwise.
+TEST(HalfPrecision, Bf16BackwardInRowBlocksOfEitherSize) {
+  Case c = sized(1, 4, 2, 400, 2100, 128, 128);
+  c.mask = MaskKind::both;
+  c.scoring.causal = Causal::bottom_right;
+  c.sinks = true;
+  Inputs in = make_inputs(c, 811);
+  round_inputs<bfloat16>(in);
+  const int threads = omp_get_max_threads();
+  for (bf16_gemm::Path path : bf16_gemm::paths()) {
+    if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
+    SCOPED_TRACE(bf16_gemm::name(path));
+    const bf16_gemm::ScopedPath pin(path);
+    check_products<bfloat16>(c, 810);
+    omp_set_num_threads(1);
+    const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(2);
+    const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
+    omp_set_num_threads(threads);
+    expect_bitwise(one, two);
+  }
+}
+
 TEST(HalfPrecision, Float16SplitProductsWithinTheirRounding) {
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
   // The last length is past kLongKeys (blocks.h): the forward's shared pack.

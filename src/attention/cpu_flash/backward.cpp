@@ -101,14 +101,29 @@ size_t widest_walk(const Problem& p, int64_t B, const QueryBlocks& blocks, size_
   return round_up(to_size(widest), W);
 }
 
+// Rows per backward block. Pass B of each block sweeps the task's dKᵀ and dVᵀ over the segment's
+// keys ((Dqk + Dv) × segment floats) once. bfloat16 on AMX tiles, whose products are fast, is held
+// back by those sweeps once the accumulators outgrow a core's L2 (2 MiB): blocks of twice the rows
+// halve them (measured: 6–11% off the non-causal backward at (4, 8, 2048, 128), (2, 8, 4096, 64)
+// and longer; docs/bfloat16.md, "Backward row blocks"). Where the accumulators fit, 192 rows were
+// up to 12% slower (twice the P and dP rows, twice the causal diagonal's hidden scores), and
+// float16's split products and the float path did not move beyond the noise: 96 rows there.
+size_t backward_rows(const Problem& p, bool pairs, size_t segment) {
+  constexpr size_t kL2 = size_t{2} << 20;
+  const size_t accumulators = to_size(p.qk_head_dim + p.v_head_dim) * segment * sizeof(float);
+  const bool sweeps_weigh = pairs && bf16_gemm::path() == bf16_gemm::Path::amx && accumulators >= kL2;
+  return to_size(block_rows(p, sweeps_weigh ? 2 * kBackwardQueries : kBackwardQueries));
+}
+
 // How the work is cut: key segments, tasks and their chunks, row strides. A function of the shape
 // alone (never of the thread count).
 struct Plan {
   int64_t B, Hq, Hkv, L, S, G;
-  size_t Dqk, Dv, W, Br, Bc = kBackwardKeys;
+  size_t Dqk, Dv, W;
   // Key segments: all keys at once, or kBackwardKeySegment at a time for long ones (see above).
   bool two_sweeps;
   size_t segment;
+  size_t Br, Bc = kBackwardKeys;  // rows and keys of a block (backward_rows)
   int64_t segments;
   size_t segment_padded, dqk_padded;
   // Rows that span a segment's keys (the dKᵀ, dVᵀ accumulators) or a block's walk over them (the P
@@ -144,9 +159,9 @@ struct Plan {
   Plan(const Problem& p, bool pairs, bool split)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), S(p.key_len), G(p.group_size()),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), W(panel_width()),
-        Br(to_size(block_rows(p, kBackwardQueries))),
         two_sweeps(S > kLongKeys),
         segment(two_sweeps ? kBackwardKeySegment : to_size(S)),
+        Br(backward_rows(p, pairs && !split, segment)),
         segments((S + static_cast<int64_t>(segment) - 1) / static_cast<int64_t>(segment)),
         segment_padded(round_up(segment, W)), dqk_padded(round_up(Dqk, W)),
         key_stride(segment_padded + 16),

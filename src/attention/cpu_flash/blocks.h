@@ -21,7 +21,8 @@ using namespace tiles;
 // blocks are multiples of the micro-kernel's 6 rows (no ragged row strip but the last).
 //   forward:  a task is kForwardQueries query rows, which walk the keys kForwardKeys at a time;
 //             the score tile (96 × 256 floats, 96 KiB) and the output accumulator live in L2.
-//   backward: blocks of kBackwardQueries rows, walking the keys kBackwardKeys at a time.
+//   backward: blocks of kBackwardQueries rows (or twice as many: backward_rows), walking the keys
+//             kBackwardKeys at a time.
 // Measured on the 2-core AVX-512 machine (B=4, H=8, L=S=2048, d=64, 2 threads): over Br in
 // {64, 72, 96, 120} × Bc in {192, 256, 384, 512} the forward moved by less than the machine's
 // run-to-run noise (~5%) except 64-row blocks (a ragged 4-row strip: ~3% slower); the backward
@@ -49,7 +50,8 @@ static_assert(kForwardKeys % 64 == 0 && kBackwardKeys % 64 == 0, "key blocks sta
 constexpr int64_t kLongKeys = 16384;
 constexpr size_t kBackwardKeySegment = 4096;
 static_assert(kBackwardKeySegment % kBackwardKeys == 0, "segments hold whole key blocks");
-static_assert(kForwardQueries <= 256 && kBackwardQueries <= 256, "ScoreTile holds at most 256 rows");
+static_assert(kForwardQueries <= 256 && 2 * kBackwardQueries <= 256,
+              "ScoreTile holds at most 256 rows (backward_rows)");
 
 // Whether a call's products run on bf16 pairs (bf16_gemm's AMX or VDPBF16PS kernels) rather than
 // on float panels, the operands widened as packed:
