@@ -3,7 +3,6 @@
 #define HWY_TARGET_INCLUDE "nn/gelu_kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,38 +54,28 @@ void GeluErfForward(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = gelu_erf_scalar(x[i]);
 }
 
-// mha::nn::gelu_for_bfloat16: x·Φ(x) with erfc(a) = t·exp(−a² + P(t)), t = 1 / (1 + a/2), a ≥ 0
-// (Numerical Recipes' erfcc, fractional error below 1.2e-7 for every a); Φ(x) = erfc(a)/2 for
-// x < 0 and 1 − erfc(a)/2 for x ≥ 0, a = |x|/√2. Every lane takes the same path (the tail too,
-// through a whole vector): any split of a row gives the same bits.
-void GeluErfcApproxForward(const float* x, float* y, int64_t n) {
+// mha::nn::gelu_for_bfloat16: each x rounded to bfloat16 (to nearest, ties to even, as the
+// conversions of mha/core/half.h), its GELU looked up in `table` (indexed by the bfloat16's bits);
+// NaN stays itself. Every lane takes the same path (the tail too, through a whole vector): any
+// split of a row gives the same bits.
+void GeluOfBfloat16s(const float* table, const float* x, float* y, int64_t n) {
   const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::RebindToSigned<decltype(d)> di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f), zero = hn::Zero(d);
-  const auto inv_sqrt2 = hn::Set(d, -kMinusSqrt1_2);
-  auto phi = [&](hn::Vec<decltype(d)> v) {
-    const auto a = hn::Mul(hn::Abs(v), inv_sqrt2);
-    const auto t = hn::Div(one, hn::MulAdd(half, a, one));
-    auto p = hn::Set(d, 0.17087277f);
-    for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f, 0.09678418f, 0.37409196f,
-                    1.00002368f, -1.26551223f})
-      p = hn::MulAdd(p, t, hn::Set(d, c));
-    // (A NaN lane's exponent is 0 here: Highway's scalar Exp converts it to an integer, undefined
-    // behaviour; that lane's result is NaN anyway, x·Φ with x NaN.)
-    const auto exponent = hn::NegMulAdd(a, a, p);
-    const auto half_erfc = hn::Mul(half, hn::Mul(t, hn::Exp(d, hn::IfThenElse(hn::IsNaN(exponent), zero, exponent))));
-    return hn::IfThenElse(hn::Lt(v, zero), half_erfc, hn::Sub(one, half_erfc));
+  const auto below_half = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u);
+  auto gelu = [&](hn::Vec<decltype(d)> v) {
+    const auto bits = hn::BitCast(du, v);
+    const auto odd = hn::And(hn::ShiftRight<16>(bits), one);  // ties to even
+    const auto index = hn::ShiftRight<16>(hn::Add(bits, hn::Add(below_half, odd)));
+    return hn::IfThenElse(hn::IsNaN(v), v, hn::GatherIndex(d, table, hn::BitCast(di, index)));
   };
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(d, x + i);
-    hn::StoreU(hn::Mul(v, phi(v)), d, y + i);
-  }
+  for (; i + lanes <= n; i += lanes) hn::StoreU(gelu(hn::LoadU(d, x + i)), d, y + i);
   if (i < n) {  // the tail through a whole vector (zeros past it)
     HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)] = {};
     std::copy(x + i, x + n, tail);
-    const auto v = hn::Load(d, tail);
-    hn::Store(hn::Mul(v, phi(v)), d, tail);
+    hn::Store(gelu(hn::Load(d, tail)), d, tail);
     std::copy(tail, tail + (n - i), y + i);
   }
 }
@@ -96,7 +85,11 @@ void GeluErfcApproxForward(const float* x, float* y, int64_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <numbers>
+#include <vector>
+
 #include "gelu_kernels.h"
+#include "mha/core/half.h"
 #include "mha/nn/gelu.h"
 
 namespace mha::nn::detail {
@@ -117,13 +110,30 @@ void gelu_erf_forward(const float* x, float* y, int64_t n) {
 
 void gelu_erf_forward_serial(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluErfForward)(x, y, n); }
 
-HWY_EXPORT(GeluErfcApproxForward);
+HWY_EXPORT(GeluOfBfloat16s);
 
 }  // namespace mha::nn::detail
 
 namespace mha::nn {
 
-void gelu_for_bfloat16(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(detail::GeluErfcApproxForward)(x, y, n); }
+// The GELU of every bfloat16 (by its bits): x·0.5·erfc(−x/√2) in double, rounded once to
+// bfloat16 (to_bfloat16(double): correctly rounded), 256 KiB built on first use.
+static const float* gelu_bfloat16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+      const double x = to_float(bfloat16{static_cast<uint16_t>(bits)});
+      t[bits] = to_float(to_bfloat16(x * 0.5 * std::erfc(-x / std::numbers::sqrt2)));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+void gelu_for_bfloat16(const float* x, float* y, int64_t n) {
+  const float* table = gelu_bfloat16_table();
+  HWY_DYNAMIC_DISPATCH(detail::GeluOfBfloat16s)(table, x, y, n);
+}
 
 }  // namespace mha::nn::detail
 #endif  // HWY_ONCE

@@ -111,7 +111,7 @@ Tensor<T> PackedTransformerEncoderLayer<T>::forward(View<const T> tokens, View<c
     Tensor<T> h = Tensor<T>::uninitialized({total, F});
     linear1_.forward(in, h, [&](int64_t, int64_t, float* values, int64_t count) {
       if (options_.activation == Activation::gelu && std::is_same_v<T, bfloat16>) {
-        gelu_for_bfloat16(values, values, count);  // rounded to bfloat16 next
+        gelu_for_bfloat16(values, values, count);  // of values rounded to bfloat16, as Linear<bfloat16>'s
       } else if (options_.activation == Activation::gelu) {
         detail::gelu_erf_forward_serial(values, values, count);
       } else {

@@ -1,14 +1,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numbers>
 #include <string>
 #include <vector>
 
-#include "../support/gradient_check.h"
 #include "../support/assertions.h"
+#include "../support/gradient_check.h"
 #include "mha/core/simd.h"
 #include "mha/nn/gelu.h"
 #include "mha/nn/relu.h"
@@ -152,36 +154,62 @@ TEST(GELU, VectorisedFloatIsWithinFourUlpOfTheScalarFormulaOnEveryTarget) {
   }
 }
 
-// gelu_for_bfloat16 (the bfloat16 layers' GELU) against x·Φ(x) in double, on every target, sizes
-// with partial vectors: relative error ≤ 1.2e-7 (the erfc formula's own) + (5a² + 16)·u, u = 2⁻²⁴,
-// a = |x|/√2: a and a² carry 2u and 4u + u from their roundings, which exp turns into relative
-// errors of about 5u·a², and the rest (t, the polynomial, exp itself, the products) a few u each.
-// The same bits whatever the split of the row; ±inf and NaN as the exact GELU gives them.
-TEST(GELU, ForBfloat16IsWithinItsDerivedBoundOfTheExactValue) {
+// gelu_for_bfloat16 (the bfloat16 layers' GELU): each x rounded to bfloat16 (to nearest, ties to
+// even), its exact GELU rounded to bfloat16 again, on every target:
+// - for each of the 65 536 bfloat16s, a bfloat16 within half a unit of its binade of x·Φ(x)
+//   computed in long double (erfcl), ±0 where that is below bfloat16's smallest subnormal by half;
+// - a float x gives what to_bfloat16(x) gives (floats between bfloat16s, ties among them);
+// - ±inf and NaN as the exact GELU gives them; the same bits whatever the split of a row.
+TEST(GELU, ForBfloat16IsTheNearestBfloat16ToTheExactGeluOfTheRoundedInput) {
   std::vector<float> x;
-  for (double v = -12.0; v <= 12.0; v += 1.0 / 512) x.push_back(static_cast<float>(v));
-  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 30.0f, 1e30f}) x.push_back(v);
+  for (uint32_t bits = 0; bits < 65536; ++bits)
+    x.push_back(mha::to_float(mha::bfloat16{static_cast<uint16_t>(bits)}));
   const auto n = static_cast<int64_t>(x.size());
-  const double u = std::ldexp(1.0, -24);
+  // Floats a quarter, a half (a tie) and three quarters of a unit past some bfloat16s.
+  std::vector<float> between;
+  for (double v = -14.0; v <= 14.0; v += 0.37)
+    for (uint32_t quarter = 1; quarter < 4; ++quarter) {
+      uint32_t bits = std::bit_cast<uint32_t>(mha::to_float(mha::to_bfloat16(static_cast<float>(v))));
+      between.push_back(std::bit_cast<float>(bits + quarter * 0x4000u));
+    }
+  const float inf = std::numeric_limits<float>::infinity();
+  const float special[5] = {inf, -inf, std::nanf(""), std::bit_cast<float>(0x7fffffffu),
+                            std::bit_cast<float>(0xffffffffu)};
   for (const std::string& target : mha::simd_targets()) {
     mha::ScopedSimdTarget pin(target);
     std::vector<float> y(x.size());
     mha::nn::gelu_for_bfloat16(x.data(), y.data(), n);
     for (int64_t i = 0; i < n; ++i) {
-      const double xi = x[static_cast<size_t>(i)], a = std::abs(xi) / std::numbers::sqrt2;
-      const double want = xi * 0.5 * std::erfc(-a * (xi < 0 ? -1 : 1));
-      const double bound = (1.2e-7 + (5 * a * a + 16) * u) * std::abs(want) + std::numeric_limits<float>::min();
-      ASSERT_LE(std::abs(y[static_cast<size_t>(i)] - want), bound) << target << ", x = " << xi;
+      const float xi = x[static_cast<size_t>(i)], yi = y[static_cast<size_t>(i)];
+      if (!std::isfinite(xi)) continue;  // below
+      const long double exact = xi * 0.5L * std::erfc(-static_cast<long double>(xi) / std::sqrt(2.0L));
+      ASSERT_EQ(std::bit_cast<uint32_t>(yi) & 0xffffu, 0u) << target << ": not a bfloat16, x = " << xi;
+      int exponent = 0;
+      std::frexp(std::max(std::abs(static_cast<double>(exact)), std::abs(static_cast<double>(yi))),
+                 &exponent);
+      const long double half_unit = std::ldexp(1.0L, std::max(exponent - 9, -134));  // 2^(e−1)·2⁻⁸
+      ASSERT_LE(std::abs(yi - exact), half_unit) << target << ", x = " << xi;
+    }
+    std::vector<float> from_floats(between.size()), expected(between.size());
+    mha::nn::gelu_for_bfloat16(between.data(), from_floats.data(), static_cast<int64_t>(between.size()));
+    for (size_t i = 0; i < between.size(); ++i) {
+      const float rounded = mha::to_float(mha::to_bfloat16(between[i]));
+      mha::nn::gelu_for_bfloat16(&rounded, &expected[i], 1);
+      ASSERT_EQ(std::bit_cast<uint32_t>(from_floats[i]), std::bit_cast<uint32_t>(expected[i]))
+          << target << ", x = " << between[i] << " (rounds to " << rounded << ")";
     }
     // In pieces of 7 (tails everywhere): the same bits as in one call, on every target's own run.
     std::vector<float> pieces(x.size());
     for (int64_t i = 0; i < n; i += 7) mha::nn::gelu_for_bfloat16(x.data() + i, pieces.data() + i, std::min<int64_t>(7, n - i));
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pieces[static_cast<size_t>(i)], y[static_cast<size_t>(i)]) << target << ", x = " << x[static_cast<size_t>(i)];
-    const float inf = std::numeric_limits<float>::infinity(), special[3] = {inf, -inf, std::nanf("")};
-    float out[3];
-    mha::nn::gelu_for_bfloat16(special, out, 3);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(pieces[static_cast<size_t>(i)]),
+                std::bit_cast<uint32_t>(y[static_cast<size_t>(i)]))
+          << target << ", x = " << x[static_cast<size_t>(i)];
+    float out[5];
+    mha::nn::gelu_for_bfloat16(special, out, 5);
     EXPECT_EQ(out[0], inf) << target;
-    EXPECT_TRUE(std::isnan(out[1]) && std::isnan(out[2])) << target;  // −inf · 0, as the exact GELU
+    for (int k = 1; k < 5; ++k)
+      EXPECT_TRUE(std::isnan(out[k])) << target << ", special " << k;  // −inf · 0, NaN
   }
 }
 

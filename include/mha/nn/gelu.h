@@ -25,13 +25,15 @@ template <class T>
 Tensor<T> gelu_backward(const Tensor<T>& x, const Tensor<T>& grad_output,
                         GeluApproximation approximation = GeluApproximation::none);
 
-// The exact GELU (approximate none) on float values whose results are rounded to bfloat16 next,
-// on the calling thread: y[i] = x[i]·Φ(x[i]) with erfc by Numerical Recipes' erfcc (fractional
-// error < 1.2e-7; Press et al., §6.2) and Highway's Exp, every lane the same code on every SIMD
-// target. Within (1.2e-7 + (5a² + 16)·2⁻²⁴)·|y| of the exact value, a = |x|/√2 (tested): far
-// below bfloat16's 2⁻⁹. Why a second GELU: SLEEF's erfc (gelu's, 1.5 ULP) was 17 % of the
-// bfloat16 sentence encoder's time (perf, all-MiniLM-L6-v2, batch 32); this one takes 0.95 ns a
-// value against 3.1 (one Zen 4 core). The bfloat16 Transformer layers use it.
+// The exact GELU (approximate none) as a bfloat16 layer computes it, on the calling thread: y[i] =
+// GELU(x[i] rounded to bfloat16) rounded to bfloat16 (to nearest, ties to even), as PyTorch's
+// bfloat16 layers compute it from a bfloat16 input; NaN stays NaN. Looked up in a table of all
+// 65 536 bfloat16s' exact GELU (x·Φ(x) in double, rounded once; 256 KiB, built on first use), on
+// every SIMD target (tested on every bfloat16 against erfc in long double). Why a second GELU: the
+// float one (SLEEF's erfc) was 17 % of the bfloat16 sentence encoder's time on Zen 4, and a
+// polynomial erfc after it still 20 % on an Intel host; the table takes 0.21–0.25 ns a value
+// against that polynomial's 0.79–0.86 (one core, session 41). The bfloat16 Transformer layers and
+// gelu<bfloat16> use it.
 void gelu_for_bfloat16(const float* x, float* y, int64_t n);
 
 template <class T>
