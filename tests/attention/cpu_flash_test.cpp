@@ -122,12 +122,7 @@ TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
   for (const Case& c : {few, many, long_keys}) {
     SCOPED_TRACE(c.describe());
     const Inputs in = make_inputs(c, 41);
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const Results<float> one = run<float>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(2);
-    const Results<float> two = run<float>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(threads);
+    const auto [one, two] = on_one_and_two_threads([&] { return run<float>(c, in, Backend::cpu_flash); });
     expect_bitwise(one, two);
   }
 }

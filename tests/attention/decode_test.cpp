@@ -129,12 +129,8 @@ TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
     c.scoring.dropout_p = 0.1;
     SCOPED_TRACE(c.describe());
     const Inputs in = make_inputs(c, 91);
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const ForwardResult<float> one = run_forward<float>(c, in, Backend::decode);
-    omp_set_num_threads(2);
-    const ForwardResult<float> two = run_forward<float>(c, in, Backend::decode);
-    omp_set_num_threads(threads);
+    const auto [one, two] =
+        on_one_and_two_threads([&] { return run_forward<float>(c, in, Backend::decode); });
     EXPECT_TRUE(bitwise_equal(one.output, two.output));
     EXPECT_EQ(std::memcmp(one.logsumexp.data(), two.logsumexp.data(), sizeof(double) * static_cast<size_t>(one.logsumexp.numel())), 0);
   }

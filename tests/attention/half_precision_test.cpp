@@ -244,17 +244,12 @@ TEST(HalfPrecision, Bf16BackwardInRowBlocksOfEitherSize) {
   c.sinks = true;
   Inputs in = make_inputs(c, 811);
   round_inputs<bfloat16>(in);
-  const int threads = omp_get_max_threads();
   for (bf16_gemm::Path path : bf16_gemm::paths()) {
     if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
     SCOPED_TRACE(bf16_gemm::name(path));
     const bf16_gemm::ScopedPath pin(path);
     check_products<bfloat16>(c, 810);
-    omp_set_num_threads(1);
-    const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(2);
-    const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(threads);
+    const auto [one, two] = on_one_and_two_threads([&] { return run<bfloat16>(c, in, Backend::cpu_flash); });
     expect_bitwise(one, two);
   }
 }

@@ -210,12 +210,8 @@ TEST(Packed, CpuFlashMatchesTheReferenceOnEveryTarget) {
   }
   std::cout << "[packed] cpu_flash: largest fraction of the allowed error " << rule.worst_fraction << "\n";
   const PackedInputs in = make_packed(c, 15);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const auto one = run_packed<float>(c, in, Backend::cpu_flash, false);
-  omp_set_num_threads(2);
-  const auto two = run_packed<float>(c, in, Backend::cpu_flash, false);
-  omp_set_num_threads(threads);
+  const auto [one, two] =
+      on_one_and_two_threads([&] { return run_packed<float>(c, in, Backend::cpu_flash, false); });
   expect_bitwise(one, two);
 }
 

@@ -311,12 +311,7 @@ TEST(Variants, FastBackendsOnEveryTargetAndThreadCount) {
   for (const auto& [x, backend] : {std::pair{c, Backend::cpu_flash}, std::pair{short_rows, Backend::decode}}) {
     SCOPED_TRACE(std::string(name_of(backend)) + " " + x.describe());
     const Inputs in = make_inputs(x, 63);
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const Results<float> one = run<float>(x, in, backend);
-    omp_set_num_threads(2);
-    const Results<float> two = run<float>(x, in, backend);
-    omp_set_num_threads(threads);
+    const auto [one, two] = on_one_and_two_threads([&] { return run<float>(x, in, backend); });
     expect_bitwise(one, two);
   }
 }

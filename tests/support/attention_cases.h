@@ -6,6 +6,7 @@
 // error measure and the FlashAttention rule, and the sweep the fast backends share. A test with
 // further axes (a backend, a scheme, a layout) wraps a Case in a struct of its own.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -322,6 +323,19 @@ Tensor<std::remove_const_t<T>> copy_of(View<T> v) {
 template <class T>
 bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<size_t>(a.numel())) == 0;
+}
+
+// run() on one thread, then on two (the thread count restored after): both results, for the
+// tests that every result is the same bits for any thread count.
+template <class Run>
+auto on_one_and_two_threads(Run&& run) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto one = run();
+  omp_set_num_threads(2);
+  auto two = run();
+  omp_set_num_threads(threads);
+  return std::pair{std::move(one), std::move(two)};
 }
 
 // Every output and gradient of two runs bit for bit (threads counts, blocks against the whole).
