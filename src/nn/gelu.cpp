@@ -77,16 +77,17 @@ template <class T>
 Tensor<T> gelu(const Tensor<T>& x, GeluApproximation approximation) {
   check_approximation(approximation, "gelu");
   check(x.defined(), "gelu: input: expected a tensor, got an undefined tensor");
-  if constexpr (is_half_v<T>) {  // each result rounded once (bfloat16's: gelu_for_bfloat16's table)
+  if constexpr (is_half_v<T>) {  // in float, each result rounded once (gelu_for_bfloat16 for none)
     Tensor<float> w = cast<float>(x);
-    if (approximation == GeluApproximation::none && std::is_same_v<T, bfloat16>) {
+    if (approximation == GeluApproximation::none) {
+      static_assert(std::is_same_v<T, bfloat16>,
+                    "gelu_for_bfloat16 rounds to bfloat16: float16 needs the float GELU");
       constexpr int64_t kChunk = 16384;
       const int64_t chunks = (w.numel() + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
       for (int64_t c = 0; c < chunks; ++c)
-        gelu_for_bfloat16(w.data() + c * kChunk, w.data() + c * kChunk, std::min(kChunk, w.numel() - c * kChunk));
-    } else if (approximation == GeluApproximation::none) {
-      detail::gelu_erf_forward(w.data(), w.data(), w.numel());
+        gelu_for_bfloat16(w.data() + c * kChunk, w.data() + c * kChunk,
+                          std::min(kChunk, w.numel() - c * kChunk));
     } else {
       for (float& v : w.values()) v = gelu_value(v, approximation);
     }

@@ -27,10 +27,11 @@ Tensor<T> gelu_backward(const Tensor<T>& x, const Tensor<T>& grad_output,
 
 // The exact GELU (approximate none) as a bfloat16 layer computes it, on the calling thread: y[i] =
 // GELU(x[i] rounded to bfloat16) rounded to bfloat16 (to nearest, ties to even), as PyTorch's
-// bfloat16 layers compute it from a bfloat16 input; NaN stays NaN. Looked up in a table of all
-// 65 536 bfloat16s' exact GELU (x·Φ(x) in double, rounded once; 256 KiB, built on first use), on
-// every SIMD target (tested on every bfloat16 against erfc in long double). Why a second GELU: the
-// float one (SLEEF's erfc) was 17 % of the bfloat16 sentence encoder's time on Zen 4, and a
+// bfloat16 layers compute it from a bfloat16 input. NaN stays NaN; a float that rounds past
+// bfloat16's largest is ±inf first (GELU(−inf) = NaN, as PyTorch's of a bfloat16 −inf). Looked up
+// in a table of all 65 536 bfloat16s' exact GELU correctly rounded (256 KiB, built on first use),
+// on every SIMD target (tested on every bfloat16 against erfc in long double). Why a second GELU:
+// the float one (SLEEF's erfc) was 17 % of the bfloat16 sentence encoder's time on Zen 4, and a
 // polynomial erfc after it still 20 % on an Intel host; the table takes 0.21–0.25 ns a value
 // against that polynomial's 0.79–0.86 (one core, session 41). The bfloat16 Transformer layers and
 // gelu<bfloat16> use it.

@@ -104,14 +104,16 @@ size_t widest_walk(const Problem& p, int64_t B, const QueryBlocks& blocks, size_
 // Rows per backward block. Pass B of each block sweeps the task's dKᵀ and dVᵀ over the segment's
 // keys ((Dqk + Dv) × segment floats) once. bfloat16 on AMX tiles, whose products are fast, is held
 // back by those sweeps once the accumulators outgrow a core's L2 (2 MiB): blocks of twice the rows
-// halve them (measured: 6–11% off the non-causal backward at (4, 8, 2048, 128), (2, 8, 4096, 64)
-// and longer; docs/bfloat16.md, "Backward row blocks"). Where the accumulators fit, 192 rows were
-// up to 12% slower (twice the P and dP rows, twice the causal diagonal's hidden scores), and
-// float16's split products and the float path did not move beyond the noise: 96 rows there.
+// halve them (measured: 6–15% off the non-causal backward at (4, 8, 2048, 128), (2, 8, 4096, 64)
+// and longer; docs/bfloat16.md, "Backward row blocks"), for twice the P and dP rows per thread.
+// Where the accumulators fit, 192 rows were up to 12% slower (those rows, and twice the causal
+// diagonal's hidden scores), and float16's split products and the float path did not move beyond
+// the noise: 96 rows there. A narrow window's blocks sweep only their band of keys: block_rows'.
 size_t backward_rows(const Problem& p, bool pairs, size_t segment) {
   constexpr size_t kL2 = size_t{2} << 20;
   const size_t accumulators = to_size(p.qk_head_dim + p.v_head_dim) * segment * sizeof(float);
-  const bool sweeps_weigh = pairs && bf16_gemm::path() == bf16_gemm::Path::amx && accumulators >= kL2;
+  const bool sweeps_weigh =
+      pairs && bf16_gemm::path() == bf16_gemm::Path::amx && accumulators >= kL2 && !narrow_window(p);
   return to_size(block_rows(p, sweeps_weigh ? 2 * kBackwardQueries : kBackwardQueries));
 }
 
