@@ -3,6 +3,7 @@
 #define HWY_TARGET_INCLUDE "nn/gelu_kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "mha/core/half-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,21 +55,17 @@ void GeluErfForward(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = gelu_erf_scalar(x[i]);
 }
 
-// mha::nn::gelu_for_bfloat16: each x rounded to bfloat16 (to nearest, ties to even, as the
-// conversions of mha/core/half.h), its GELU looked up in `table` (indexed by the bfloat16's bits);
-// NaN stays itself. Every lane takes the same path (the tail too, through a whole vector): any
-// split of a row gives the same bits.
+// mha::nn::gelu_for_bfloat16: each x rounded to bfloat16 (mha/core/half-inl.h's BFloat16Bits, as
+// to_bfloat16 rounds), its GELU looked up in `table` (indexed by the bfloat16's bits); NaN stays
+// itself. Every lane takes the same path (the tail too, through a whole vector): any split of a
+// row gives the same bits.
 void GeluOfBfloat16s(const float* table, const float* x, float* y, int64_t n) {
   const hn::ScalableTag<float> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
   const hn::RebindToSigned<decltype(d)> di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto below_half = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u);
   auto gelu = [&](hn::Vec<decltype(d)> v) {
-    const auto bits = hn::BitCast(du, v);
-    const auto odd = hn::And(hn::ShiftRight<16>(bits), one);  // ties to even
-    const auto index = hn::ShiftRight<16>(hn::Add(bits, hn::Add(below_half, odd)));
-    return hn::IfThenElse(hn::IsNaN(v), v, hn::GatherIndex(d, table, hn::BitCast(di, index)));
+    const auto index = hn::BitCast(di, mha::HWY_NAMESPACE::BFloat16Bits(d, v));
+    return hn::IfThenElse(hn::IsNaN(v), v, hn::GatherIndex(d, table, index));
   };
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(gelu(hn::LoadU(d, x + i)), d, y + i);

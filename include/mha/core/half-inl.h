@@ -4,6 +4,7 @@
 //
 //   LoadAsFloat(d, p)  the Lanes(d) numbers at p, as floats, exactly as to_float gives them
 //   StoreAsBFloat16(d, v, p)  v's lanes at p as bfloat16, exactly as to_bfloat16 gives them
+//   BFloat16Bits(d, v)        the same bfloat16s' bits, one in each 32-bit lane
 //
 // bfloat16 → float is a 16-bit shift on every target. float16 uses F16C's vcvtph2ps where the
 // target has it (AVX2, AVX-512); elsewhere Highway 1.0's emulated PromoteTo gets infinities wrong
@@ -58,21 +59,29 @@ HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const float16* p) {
   }
 }
 
-// StoreAsBFloat16(d, v, p): the Lanes(d) floats of v at p as bfloat16, rounded to nearest even as
-// to_bfloat16 does (bits + 0x7fff + bit 16, then the top half); NaN lanes keep their top half
-// with the quiet bit set.
+// BFloat16Bits(d, v): the Lanes(d) floats of v rounded to bfloat16 as to_bfloat16 does (bits +
+// 0x7fff + bit 16, then the top half; NaN lanes keep their top half with the quiet bit set), each
+// bfloat16's bits in the low half of a 32-bit lane.
 template <class DF>
-HWY_INLINE void StoreAsBFloat16(DF /*d*/, hwy::HWY_NAMESPACE::VFromD<DF> x, bfloat16* p) {
+HWY_INLINE hwy::HWY_NAMESPACE::VFromD<hwy::HWY_NAMESPACE::RebindToUnsigned<DF>> BFloat16Bits(
+    DF /*d*/, hwy::HWY_NAMESPACE::VFromD<DF> x) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::RebindToUnsigned<DF> du32;
-  const hn::Rebind<uint16_t, DF> du16;
   const auto u = hn::BitCast(du32, x);
   const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
   const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))));
   const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du32, 0x0040u));
-  const auto result = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(x)), quiet_nan, rounded);
-  // Each lane holds 16 bits now: the signed-to-unsigned demotion (saturating) keeps them as they are.
-  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<decltype(du32)>(), result)), du16,
+  return hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(x)), quiet_nan, rounded);
+}
+
+// StoreAsBFloat16(d, v, p): the Lanes(d) floats of v at p as bfloat16 (BFloat16Bits).
+template <class DF>
+HWY_INLINE void StoreAsBFloat16(DF d, hwy::HWY_NAMESPACE::VFromD<DF> x, bfloat16* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  // Each lane holds 16 bits: the signed-to-unsigned demotion (saturating) keeps them as they are.
+  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<decltype(du32)>(), BFloat16Bits(d, x))), du16,
              reinterpret_cast<uint16_t*>(p));
 }
 
