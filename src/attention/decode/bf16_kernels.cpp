@@ -100,7 +100,7 @@ MHA_BF16_TARGET void qk_rows(const bfloat16* q, size_t qs, const bfloat16* k, si
 
 }  // namespace
 
-bool bf16_scores() { return bf16_gemm::native(); }
+bool bf16_scores() { return bf16_gemm::path() == bf16_gemm::Path::vdpbf16ps; }
 
 void qk_scores_bf16(const bfloat16* q, size_t q_stride, size_t rows, const bfloat16* k, size_t k_stride, size_t cols,
                     size_t dim, float* scores, size_t score_stride, const bfloat16* next, size_t next_stride) {

@@ -10,6 +10,7 @@
 #include "../tiles/tiles.h"
 #include "bf16_kernels.h"
 #include "kernels.h"
+#include "mha/core/bf16_gemm.h"
 #include "mha/core/half.h"
 
 namespace mha::attention::detail {
@@ -33,6 +34,17 @@ int64_t chunk_keys(size_t rows) {
   return static_cast<int64_t>(4 * kBlockKeys * std::clamp<size_t>(rows / 16, 1, 4));
 }
 
+// Whether a task prefetches the next block's keys while it sums a block's values (decode_chunk):
+// on AMD Zen 4 that took bfloat16 steps at Hkv 8 from 69–77% of the read bandwidth to 80–87%
+// (docs/generation.md). Not where the CPU has AMX tiles: on that Intel host the hardware
+// prefetcher alone brings the keys sooner (bfloat16 cache, 2 threads, alternating runs: B 8, Hkv 8,
+// S 4 096 7.12 → 6.58 ms; B 1, S 32 768 6.97 → 6.56; Hkv 32 11.43 → 10.79; a float32 cache within
+// 1% either way). AMX marks that family of CPUs here; the results are the same bits either way.
+bool keys_prefetched() {
+  static const bool prefetched = bf16_gemm::paths().back() != bf16_gemm::Path::amx;
+  return prefetched;
+}
+
 // The call's shape as decode cuts it: the rows of a (b, kv head) and the key chunks.
 struct Plan {
   int64_t B, Hq, Hkv, L, G;
@@ -44,6 +56,8 @@ struct Plan {
   // bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row length, read
   // in place); the values as the float path reads them.
   bool bf16;
+  // The next block's keys prefetched while this block's values are summed (decode_chunk).
+  bool prefetch_keys = keys_prefetched();
   size_t dq, dv;
   int64_t chunk, chunks, tasks;
 
@@ -150,7 +164,7 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     // prefetched by the first row block while it sums this block's values: the hardware
     // prefetcher follows the keys only while they are read, and would leave the memory idle.
     const int64_t next0 = j0 + static_cast<int64_t>(Bc);
-    const bool prefetch_k = next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
+    const bool prefetch_k = n.prefetch_keys && next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
     const Kv* next_keys = prefetch_k ? a.key.row(b, kv, next0) : nullptr;
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
