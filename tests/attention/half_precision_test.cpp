@@ -133,7 +133,8 @@ void check_products(const Case& c, uint64_t seed) {
     return m;
   };
   const double max_v = largest(in.v);
-  // decode too (few rows): its Q·Kᵀ on VDPBF16PS, P·V in float (within the same bound).
+  // decode too (few rows): its Q·Kᵀ on VDPBF16PS where that is the path, on float FMAs on the AMX
+  // path (decode::bf16_scores), P·V in float (within the same bound).
   std::vector<std::pair<const char*, Tensor<Half>>> outputs{{"cpu_flash", h.fwd.output}};
   if (c.q_len <= 16 && !c.need_weights)
     outputs.emplace_back("decode", run_forward<Half>(c, in, Backend::decode).output);
