@@ -62,7 +62,13 @@ SDPA_CASES = {
     # over the copies).
     "key and value broadcast over the batch": dict(take=lambda q, k, v: (q, k[:1], v[:1])),
     "query broadcast over the batch": dict(take=lambda q, k, v: (q[:1], k, v)),
+    "query broadcast over the batch, bool mask": dict(take=lambda q, k, v: (q[:1], k, v), mask="bool"),
     "one key head, two value heads": dict(take=lambda q, k, v: (q, k[:, :1], v)),
+    # Nor for a head dimension whose stride is not 1 (here a transposed copy's view), inputs of
+    # five dimensions, or a mask of three (for inputs of four).
+    "head dimension strided": dict(take=lambda q, k, v: tuple(x.mT.contiguous().mT for x in (q, k, v))),
+    "inputs of five dimensions": dict(take=lambda q, k, v: (q[None], k[None], v[None])),
+    "mask of three dimensions": dict(mask="three dimensions"),
 }
 
 
@@ -73,10 +79,12 @@ def test_sdpa_within_twice_pytorchs_error(dtype, case):
     spec = SDPA_CASES[case]
     q, k, v, dout = _inputs(dtype, L=L, S=S, Dv=spec.get("value_dim"))
     q, k, v = spec.get("take", lambda *x: x)(q, k, v)
+    dout = dout.expand(*q.shape[:-3], *dout.shape[-3:]) if q.dim() > 4 else dout
     g = torch.Generator().manual_seed(5)
     mask = {"bool": lambda: torch.rand(L, S, generator=g) > 0.3,
             "additive": lambda: (torch.randn(2, 1, L, S, generator=g) * 0.5).to(dtype),
-            "float32": lambda: torch.randn(2, 1, L, S, generator=g) * 4}.get(spec.get("mask"), lambda: None)()
+            "float32": lambda: torch.randn(2, 1, L, S, generator=g) * 4,
+            "three dimensions": lambda: torch.rand(8, L, S, generator=g) > 0.3}.get(spec.get("mask"), lambda: None)()
     causal, window = spec.get("is_causal", False), spec.get("window_size", (-1, -1))
     torch_mask, torch_causal = mask, causal
     if window != (-1, -1):  # PyTorch has no window: the keys it leaves (top-left causal) as a bool mask
@@ -99,6 +107,57 @@ def test_sdpa_within_twice_pytorchs_error(dtype, case):
         mine = _forward_backward(ours, q, k, v, dout)
     _expect_within_torch(mine, _forward_backward(theirs, q, k, v, dout),
                          _forward_backward(theirs, *(x.double() for x in (q, k, v, dout))), f"{dtype} {case}")
+
+
+def _math_cases():
+    """(name, query, key, value, attn_mask, enable_gqa) in bfloat16, of layouts PyTorch's CPU SDPA
+    takes to its flash kernel or to its math backend."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(shape, generator=g).to(torch.bfloat16) for shape in ((2, 4, 21, 64), (2, 4, 34, 64),
+                                                                                 (2, 4, 34, 64)))
+    strided = lambda x: x.mT.contiguous().mT  # noqa: E731
+    bool_mask = lambda *shape: torch.rand(shape, generator=g) > 0.3  # noqa: E731
+    return [("plain", q, k, v, None, False), ("query strided", strided(q), k, v, None, False),
+            ("key strided", q, strided(k), v, None, False), ("value strided", q, k, strided(v), None, False),
+            ("size-1 head dimension strided", strided(q[..., :1]), k[..., :1], v[..., :1], None, False),
+            ("every other dimension", q[..., ::2], k[..., ::2], v[..., ::2], None, False),
+            ("head dimension sliced", q[..., :32], k[..., :32], v[..., :32], None, False),
+            ("sequence dimension transposed", q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, False),
+            ("three dimensions", q[0], k[0], v[0], None, False), ("two dimensions", q[0, 0], k[0, 0], v[0, 0], None, False),
+            ("five dimensions", q[None], k[None], v[None], None, False), ("value heads of 40", q, k, v[..., :40], None, False),
+            ("mask (L, S)", q, k, v, bool_mask(21, 34), False), ("mask (B, 1, 1, S)", q, k, v, bool_mask(2, 1, 1, 34), False),
+            ("mask (H, L, S)", q, k, v, bool_mask(4, 21, 34), False), ("mask (1, L, S)", q, k, v, bool_mask(1, 21, 34), False),
+            ("three dimensions, mask (H, L, S)", q[0], k[0], v[0], bool_mask(4, 21, 34), False),
+            ("GQA", q, k[:, :2], v[:, :2], None, True), ("one query row", q[:, :, :1], k, v, None, False),
+            ("query broadcast over the batch", q[:1].expand(2, -1, -1, -1), k, v, None, False)]
+
+
+@pytest.mark.skipif(not hasattr(torch, "_fused_sdp_choice"), reason="PyTorch without torch._fused_sdp_choice")
+def test_the_float_call_where_pytorch_computes_in_float():
+    """mha's rule for where PyTorch's CPU SDPA computes a half call in float32 (its math backend;
+    mha's backward then runs the float call, each gradient rounded once) is the backend PyTorch
+    chooses, on layouts of either kind."""
+    from torch.nn.attention import SDPBackend
+    from mha import _core
+    for name, q, k, v, mask, gqa in _math_cases():
+        math = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=None, enable_gqa=gqa) == SDPBackend.MATH.value
+        arrays = (mha.torch._numpy(x) for x in (q, k, v, mask))
+        assert _core._pytorch_computes_in_float(*arrays) == math, f"{name}: PyTorch's math backend {math}"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_strided_head_dimension_within_twice_pytorchs_error(dtype):
+    """A head dimension whose stride is not 1 (a transposed copy's view) takes PyTorch's SDPA to
+    its math backend, which computes in float32: mha's backward runs the float call there, each
+    gradient rounded once, and keeps within 2x PyTorch's error on the shapes where the half call's
+    gradients went past it (up to 2.3x at seeds 0, 2 and 4 here)."""
+    for seed in range(5):
+        q, k, v, dout = _inputs(dtype, B=2, Hq=3, Hkv=3, L=21, S=34, D=64, seed=seed)
+        q, k, v = (x.mT.contiguous().mT for x in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        _expect_within_torch(_forward_backward(mha.torch.scaled_dot_product_attention, q, k, v, dout),
+                             _forward_backward(sdpa, q, k, v, dout),
+                             _forward_backward(sdpa, *(x.double() for x in (q, k, v, dout))), f"seed {seed}")
 
 
 VARIANTS = {
