@@ -356,10 +356,10 @@ def _as_float_call(query, key, value, attn_mask, layout=None):
     - with a float32 attn_mask (added to the scores in float: rounded to the half type, a mask would
       add its rounding to every score);
     - given the layout (the backward), where PyTorch takes the call to its math backend
-      (_pytorch_computes_in_float), whose gradients carry their final rounding alone: the half
-      call's were up to 2.3x PyTorch's error (a strided head dimension, 8 seeds; its output, the
-      forward's own rounding either way, 1.00-1.12x), as cpu_flash's backward does for value heads
-      of another size (docs/bfloat16.md);
+      (_pytorch_computes_in_float), whose gradients then carry their final rounding alone (as
+      cpu_flash's own backward does for value heads of another size, docs/bfloat16.md): the half
+      call's were up to 2.3x PyTorch's error (a strided head dimension, 8 seeds). The forward keeps
+      the half call: its output's error is its own rounding either way (1.00-1.12x);
     - given the layout, with an input broadcast over the batch or repeated over the heads (PyTorch's
       math backend takes those shapes in float32; in the half type each copy's gradient would be
       rounded before the sum over the copies, and the sum after each addition: measured up to 4x
