@@ -117,19 +117,28 @@ def _math_cases():
                                                                                  (2, 4, 34, 64)))
     strided = lambda x: x.mT.contiguous().mT  # noqa: E731
     bool_mask = lambda *shape: torch.rand(shape, generator=g) > 0.3  # noqa: E731
-    return [("plain", q, k, v, None, False), ("query strided", strided(q), k, v, None, False),
-            ("key strided", q, strided(k), v, None, False), ("value strided", q, k, strided(v), None, False),
-            ("size-1 head dimension strided", strided(q[..., :1]), k[..., :1], v[..., :1], None, False),
-            ("every other dimension", q[..., ::2], k[..., ::2], v[..., ::2], None, False),
-            ("head dimension sliced", q[..., :32], k[..., :32], v[..., :32], None, False),
-            ("sequence dimension transposed", q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, False),
-            ("three dimensions", q[0], k[0], v[0], None, False), ("two dimensions", q[0, 0], k[0, 0], v[0, 0], None, False),
-            ("five dimensions", q[None], k[None], v[None], None, False), ("value heads of 40", q, k, v[..., :40], None, False),
-            ("mask (L, S)", q, k, v, bool_mask(21, 34), False), ("mask (B, 1, 1, S)", q, k, v, bool_mask(2, 1, 1, 34), False),
-            ("mask (H, L, S)", q, k, v, bool_mask(4, 21, 34), False), ("mask (1, L, S)", q, k, v, bool_mask(1, 21, 34), False),
-            ("three dimensions, mask (H, L, S)", q[0], k[0], v[0], bool_mask(4, 21, 34), False),
-            ("GQA", q, k[:, :2], v[:, :2], None, True), ("one query row", q[:, :, :1], k, v, None, False),
-            ("query broadcast over the batch", q[:1].expand(2, -1, -1, -1), k, v, None, False)]
+    return [
+        ("plain", q, k, v, None, False),
+        ("query strided", strided(q), k, v, None, False),
+        ("key strided", q, strided(k), v, None, False),
+        ("value strided", q, k, strided(v), None, False),
+        ("size-1 head dimension strided", strided(q[..., :1]), k[..., :1], v[..., :1], None, False),
+        ("every other dimension", q[..., ::2], k[..., ::2], v[..., ::2], None, False),
+        ("head dimension sliced", q[..., :32], k[..., :32], v[..., :32], None, False),
+        ("sequence dimension transposed", q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, False),
+        ("three dimensions", q[0], k[0], v[0], None, False),
+        ("two dimensions", q[0, 0], k[0, 0], v[0, 0], None, False),
+        ("five dimensions", q[None], k[None], v[None], None, False),
+        ("value heads of 40", q, k, v[..., :40], None, False),
+        ("mask (L, S)", q, k, v, bool_mask(21, 34), False),
+        ("mask (B, 1, 1, S)", q, k, v, bool_mask(2, 1, 1, 34), False),
+        ("mask (H, L, S)", q, k, v, bool_mask(4, 21, 34), False),
+        ("mask (1, L, S)", q, k, v, bool_mask(1, 21, 34), False),
+        ("three dimensions, mask (H, L, S)", q[0], k[0], v[0], bool_mask(4, 21, 34), False),
+        ("GQA", q, k[:, :2], v[:, :2], None, True),
+        ("one query row", q[:, :, :1], k, v, None, False),
+        ("query broadcast over the batch", q[:1].expand(2, -1, -1, -1), k, v, None, False),
+    ]
 
 
 @pytest.mark.skipif(not hasattr(torch, "_fused_sdp_choice"), reason="PyTorch without torch._fused_sdp_choice")

@@ -56,8 +56,6 @@ struct Plan {
   // bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row length, read
   // in place); the values as the float path reads them.
   bool bf16;
-  // The next block's keys prefetched while this block's values are summed (decode_chunk).
-  bool prefetch_keys = keys_prefetched();
   size_t dq, dv;
   int64_t chunk, chunks, tasks;
 
@@ -161,10 +159,12 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
 
     // The next block's keys (when it has as many, read in place, rows as long as the values'),
-    // prefetched by the first row block while it sums this block's values: the hardware
-    // prefetcher follows the keys only while they are read, and would leave the memory idle.
+    // prefetched by the first row block while it sums this block's values where keys_prefetched():
+    // the hardware prefetcher follows the keys only while they are read, and would leave the
+    // memory idle.
     const int64_t next0 = j0 + static_cast<int64_t>(Bc);
-    const bool prefetch_k = n.prefetch_keys && next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
+    const bool prefetch_k =
+        keys_prefetched() && next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
     const Kv* next_keys = prefetch_k ? a.key.row(b, kv, next0) : nullptr;
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
