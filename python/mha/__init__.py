@@ -11,7 +11,7 @@ operators, autograd and torch.compile included. docs/python.md has the details.
 """
 from __future__ import annotations
 
-from . import _core
+from . import _core, _fields
 from ._core import ArgumentError, ArgumentTypeError, get_num_threads, set_num_threads
 from ._sentence import SentenceEncoder
 
@@ -20,10 +20,9 @@ __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backwar
 __version__ = "0.1.0"
 
 
+@_fields.signature
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, dropout_seed=None, return_logsumexp=False,
-                                 window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
-                                 cu_seqlens_q=None, cu_seqlens_k=None):
+                                 enable_gqa=False, *, dropout_seed=None, return_logsumexp=False, **variants):
     """softmax(query · keyᵀ · scale + mask) · value, as torch.nn.functional.scaled_dot_product_attention.
 
     query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): rank 2 or more, leading
@@ -53,19 +52,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (N + 1,): query (Hq, total_q, E), key and value (Hkv, total_k, E) (or with a batch of 1)
     hold N sequences back to back; sequence s has queries cu_seqlens_q[s]:cu_seqlens_q[s + 1] and
     keys cu_seqlens_k[s]:cu_seqlens_k[s + 1], and no query sees another sequence's keys.
+    chunk_size: C > 0, Llama 4's chunked attention: the keys fall into chunks of C positions and
+    query i sees only the chunk of its own key i + d (d as for window_size); 0 = none.
+    query_lengths, key_lengths: (*batch,) int32 or int64, padding by lengths (FlashAttention's
+    seqused_q / seqused_k): sequence b has its first query_lengths[b] queries and key_lengths[b]
+    keys, the rest padding (a padding query gives 0); one per packed sequence with cu_seqlens.
+    key_starts: (*batch,) left padding (FlashAttention's cache_leftpad): sequence b's keys begin at
+    key_starts[b]; its positions (causality's diagonal, windows, chunks, ALiBi) are its own.
 
     Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
     """
     output, logsumexp, _ = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
-                                         enable_gqa, dropout_seed, _core.get_num_threads(), window_size, softcap,
-                                         sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+                                         enable_gqa, dropout_seed, _core.get_num_threads(),
+                                         _fields.variants(variants, "scaled_dot_product_attention"))
     return (output, logsumexp) if return_logsumexp else output
 
 
+@_fields.signature
 def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *, dropout_seed=None,
-                                          output=None, logsumexp=None, window_size=(-1, -1), softcap=0.0,
-                                          sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+                                          output=None, logsumexp=None, **variants):
     """Gradients (grad_query, grad_key, grad_value) of sum(output · grad_output), each of its
     input's shape (summed over what was broadcast), and grad_sinks (Hq,) when sinks are given.
 
@@ -75,8 +81,8 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_m
     be the forward's.
     """
     return _core.backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p,
-                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(), window_size,
-                          softcap, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(),
+                          _fields.variants(variants, "scaled_dot_product_attention_backward"))
 
 
 def _causal(is_causal):

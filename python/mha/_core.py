@@ -28,17 +28,8 @@ import os
 import ml_dtypes
 import numpy as np
 
-from . import _mha
-
-
-class ArgumentError(ValueError, RuntimeError):
-    """A bad argument value or shape. Also a RuntimeError, which is what PyTorch raises for the
-    same mistakes, so code written against torch's SDPA catches it."""
-
-
-class ArgumentTypeError(TypeError, RuntimeError):
-    """An argument of the wrong type or dtype (a TypeError, and a RuntimeError as in PyTorch)."""
-
+from . import _fields, _mha
+from ._fields import ArgumentError, ArgumentTypeError, check_window
 
 CAUSAL = ("none", "top_left", "bottom_right")
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -277,16 +268,6 @@ def _finite(x):
         return False
 
 
-def check_window(window_size):
-    """(left, right) as two ints, each -1 (unbounded) or in [0, 2**63)."""
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or not -1 <= w < 2**63
-                   for w in window_size)):
-        raise ArgumentError(f"window_size: expected (left, right), each -1 (unbounded) or a number of keys in "
-                            f"[0, 2**63), got {window_size!r}")
-    return int(window_size[0]), int(window_size[1])
-
-
 def check_options(attn_mask, dropout_p, causal, scale, dropout_seed, dtype):
     """Validates the options shared by forward and backward; returns the mask as an array."""
     if causal not in CAUSAL:
@@ -368,70 +349,50 @@ def _as_float_call(query, key, value, attn_mask, layout=None):
         layout is not None and (layout.broadcasts() or _pytorch_computes_in_float(query, key, value, attn_mask))))
 
 
-def _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap):
-    """The call's settings as the binding takes them: one _mha.Scoring (mha::attention::Scoring)."""
-    scoring = _mha.Scoring()
-    scoring.causal = getattr(_mha.Causal, causal)
-    scoring.scale = scale
-    scoring.dropout_p = float(dropout_p)
-    scoring.dropout_seed = int(dropout_seed or 0)
-    scoring.window_left, scoring.window_right = check_window(window_size)
-    if (isinstance(softcap, bool) or not isinstance(softcap, numbers.Real)
-            or not (softcap == 0 or (softcap > 0 and _finite(softcap)))):
-        raise ArgumentError(f"softcap: expected 0 (none) or a finite cap > 0, got {softcap!r}")
-    scoring.softcap = float(softcap)
-    return scoring
-
-
-class Variants:
-    """The per-call arrays beside the masks, brought to what the binding takes (mha checks the rest
-    of their shapes): sinks (Hq) and ALiBi slopes (Hq) or (*batch, Hq) in the query's dtype (bits():
-    the batch dimensions flattened); packed offsets cu_seqlens_q / cu_seqlens_k (int32 or int64) as
-    int64."""
-
-    __slots__ = ("sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
-
-    def __init__(self, dtype, batch, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
-        self.sinks = self._values("sinks", sinks, dtype)
-        self.alibi_slopes = self._values("alibi_slopes", alibi_slopes, dtype)
-        self.cu_seqlens_q = self._offsets("cu_seqlens_q", cu_seqlens_q)
-        self.cu_seqlens_k = self._offsets("cu_seqlens_k", cu_seqlens_k)
-        slopes = self.alibi_slopes
-        if slopes is not None and slopes.ndim > 1:
-            # (N, Hq) for N packed sequences (mha checks N), else (*batch, Hq): the call's batch dimensions
-            packed = self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
-            if slopes.ndim > 2 if packed else slopes.shape[:-1] != tuple(batch):
-                want = ("(Hq,) or (N, Hq) for N packed sequences" if packed else
-                        f"(Hq,) or (*batch, Hq) = ({', '.join(map(str, batch))}, Hq)" if batch else
-                        "(Hq,) (the inputs have no batch dimension)")
-                raise ArgumentError(f"alibi_slopes: expected shape {want}, got {_shape(slopes.shape)}")
-
-    @staticmethod
-    def _values(name, x, dtype):
-        if x is None:
-            return None
+def _views(dtype, layout, given, attend=None, additive=None):
+    """Options' typed views as the binding takes them (every view in its order, None where absent;
+    mha checks their shapes): the masks; those of kind "value" (sinks (Hq), ALiBi slopes (Hq) or
+    (*batch, Hq)) in the query's dtype as its bits, batch dimensions flattened; those of kind
+    "index" (per-sequence lengths and starts (*batch), packed offsets (N + 1)) int32 or int64, as
+    int64, batch dimensions flattened."""
+    out = []
+    for name, kind in _fields.ALL_VIEWS:
+        x = {"attend_mask": attend, "additive_mask": additive}.get(name, given.get(name))
+        if x is None or name in _fields.MASKS:
+            out.append(x)
+            continue
         x = _array(name, x)
-        if not (np.issubdtype(x.dtype, np.floating) or x.dtype == BFLOAT16):
-            raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
-        return np.ascontiguousarray(x, dtype=dtype)
+        if kind == "value":
+            if not (np.issubdtype(x.dtype, np.floating) or x.dtype == BFLOAT16):
+                raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
+            if name == "alibi_slopes":
+                _check_slopes(x, layout.batch, given.get("cu_seqlens_q") is not None or given.get("cu_seqlens_k") is not None)
+            x = _bits(np.ascontiguousarray(x, dtype=dtype))
+            out.append(x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x)
+        else:
+            if x.dtype not in (np.int32, np.int64):
+                raise ArgumentTypeError(f"{name}: expected int32 or int64 values, got dtype {x.dtype}")
+            x = np.ascontiguousarray(x, dtype=np.int64)
+            out.append(x.reshape(-1) if x.ndim > 1 else x)
+    return tuple(out)
 
-    @staticmethod
-    def _offsets(name, x):
-        if x is None:
-            return None
-        x = _array(name, x)
-        if x.dtype not in (np.int32, np.int64):
-            raise ArgumentTypeError(f"{name}: expected int32 or int64 offsets, got dtype {x.dtype}")
-        return np.ascontiguousarray(x, dtype=np.int64)
 
-    def arguments(self):
-        return self.sinks, self.alibi_slopes, self.cu_seqlens_q, self.cu_seqlens_k
+def _check_slopes(slopes, batch, packed):
+    """ALiBi slopes (Hq), or (N, Hq) for N packed sequences (mha checks N), else (*batch, Hq): the
+    call's batch dimensions."""
+    if slopes.ndim > 1 and (slopes.ndim > 2 if packed else slopes.shape[:-1] != tuple(batch)):
+        want = ("(Hq,) or (N, Hq) for N packed sequences" if packed else
+                f"(Hq,) or (*batch, Hq) = ({', '.join(map(str, batch))}, Hq)" if batch else
+                "(Hq,) (the inputs have no batch dimension)")
+        raise ArgumentError(f"alibi_slopes: expected shape {want}, got {_shape(slopes.shape)}")
 
-    def bits(self):
-        slopes = self.alibi_slopes
-        if slopes is not None and slopes.ndim > 2:  # mha takes (B, Hq), the batch dimensions flattened
-            slopes = slopes.reshape(-1, slopes.shape[-1])
-        return _bits(self.sinks), _bits(slopes), self.cu_seqlens_q, self.cu_seqlens_k
+
+def _widened_variants(given, dtype):
+    """The variants of a half call run as the float call: the views of the query's dtype, in it,
+    widened."""
+    kinds = dict(_fields.VIEWS)
+    return {n: _widened(np.asarray(_array(n, v), dtype=dtype)) if kinds.get(n) == "value" and v is not None else v
+            for n, v in given.items()}
 
 
 def _call(fn, *arguments):
@@ -444,32 +405,31 @@ def _call(fn, *arguments):
 
 
 def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, num_threads,
-            window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
-            cu_seqlens_k=None, need_weights=False):
+            variants=None, need_weights=False):
     """(output, logsumexp, weights) of SDPA's shapes: output (*lead, L, Ev), logsumexp (*lead, L)
     float64, and with need_weights the probabilities (after dropout, sinks left out) (*lead, L, S)
-    in the query's dtype, else None."""
+    in the query's dtype, else None. variants: a dict of the call's variants by their C++ names
+    (mha._fields)."""
+    variants = variants or {}
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
+    scoring = _fields.scoring(causal, scale, dropout_p, dropout_seed, variants)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
-    variants = Variants(query.dtype, layout.batch, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     if _as_float_call(query, key, value, attn_mask):
         output, logsumexp, weights = forward(
             _widened(query), _widened(key), _widened(value), attn_mask, dropout_p, causal, scale, enable_gqa,
-            dropout_seed, num_threads, window_size, softcap, _widened(variants.sinks),
-            _widened(variants.alibi_slopes), cu_seqlens_q, cu_seqlens_k, need_weights)
+            dropout_seed, num_threads, _widened_variants(variants, query.dtype), need_weights)
         return output.astype(query.dtype), logsumexp, None if weights is None else weights.astype(query.dtype)
     attend, additive = _masks(layout, attn_mask)
+    views = _views(query.dtype, layout, variants, attend, _bits(additive))
     output = np.empty(layout.output_shape(), query.dtype)
     logsumexp = np.empty(layout.logsumexp_shape(), np.float64)
     weights = np.empty(layout.mask_shape(), query.dtype) if need_weights else None
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     _call(_function("sdpa_forward", query.dtype), _bits(_to_flat(layout, "query", query)),
           _bits(_to_flat(layout, "key", key)), _bits(_to_flat(layout, "value", value)),
-          _bits(output.reshape(B, H, L, layout.value_dim)), logsumexp.reshape(B, H, L), attend, _bits(additive),
-          scoring, num_threads, *variants.bits(),
-          None if weights is None else _bits(weights.reshape(B, H, L, layout.key_len)))
+          _bits(output.reshape(B, H, L, layout.value_dim)), logsumexp.reshape(B, H, L), scoring, views,
+          num_threads, None if weights is None else _bits(weights.reshape(B, H, L, layout.key_len)))
     return output, logsumexp, weights
 
 
@@ -484,40 +444,40 @@ def _check_like(name, x, shape, dtype, source="the forward's inputs"):
 
 
 def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-             dropout_seed, num_threads, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
-             cu_seqlens_q=None, cu_seqlens_k=None):
+             dropout_seed, num_threads, variants=None):
     """(grad_query, grad_key, grad_value), each of its input's shape, and grad_sinks (Hq) when
     sinks are given. output and logsumexp are the forward's; None for both recomputes them."""
+    variants = variants or {}
     query, key, value = check_inputs(query, key, value)
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
-    scoring = _scoring(causal, scale, dropout_p, dropout_seed, window_size, softcap)
+    scoring = _fields.scoring(causal, scale, dropout_p, dropout_seed, variants)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
-    variants = Variants(query.dtype, layout.batch, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     if (output is None) != (logsumexp is None):
         raise ArgumentError("output, logsumexp: expected both (the forward's results) or neither (recomputed), "
                             f"got {'output' if output is not None else 'logsumexp'} only")
     if output is None:
         output, logsumexp, _ = forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa,
-                                       dropout_seed, num_threads, window_size, softcap, *variants.arguments())
+                                       dropout_seed, num_threads, variants)
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
     if _as_float_call(query, key, value, attn_mask, layout):
         grads = backward(_widened(grad_output), _widened(query), _widened(key), _widened(value), _widened(output),
                          logsumexp, _widened(attn_mask), dropout_p, causal, scale, enable_gqa, dropout_seed,
-                         num_threads, window_size, softcap, _widened(variants.sinks),
-                         _widened(variants.alibi_slopes), cu_seqlens_q, cu_seqlens_k)
+                         num_threads, _widened_variants(variants, query.dtype))
         return tuple(g.astype(query.dtype) for g in grads)
     attend, additive = _masks(layout, attn_mask)
+    views = _views(query.dtype, layout, variants, attend, _bits(additive))
     B, H, L = layout.batch_size, layout.heads, layout.query_len
     grads = {name: np.empty(layout.flat(name), query.dtype) for name in ("query", "key", "value")}
-    grad_sinks = None if variants.sinks is None else np.empty(variants.sinks.shape, query.dtype)
+    sinks = variants.get("sinks")
+    grad_sinks = None if sinks is None else np.empty(np.shape(sinks), query.dtype)
     _call(_function("sdpa_backward", query.dtype), _bits(_to_flat(layout, "query", query)),
           _bits(_to_flat(layout, "key", key)), _bits(_to_flat(layout, "value", value)),
           _bits(viewable(output).reshape(B, H, L, layout.value_dim)), viewable(logsumexp).reshape(B, H, L),
           _bits(viewable(grad_output).reshape(B, H, L, layout.value_dim)),
-          _bits(grads["query"]), _bits(grads["key"]), _bits(grads["value"]),
-          attend, _bits(additive), scoring, num_threads, *variants.bits(), _bits(grad_sinks))
+          _bits(grads["query"]), _bits(grads["key"]), _bits(grads["value"]), scoring, views, num_threads,
+          _bits(grad_sinks))
     grads = tuple(_fold_gradient(layout, name, grads[name], x.shape)
                   for name, x in (("query", query), ("key", key), ("value", value)))
     return grads if grad_sinks is None else grads + (grad_sinks,)

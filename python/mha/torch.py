@@ -7,7 +7,8 @@ with autograd and torch.compile.
     with mha.torch.patch():            # F.scaled_dot_product_attention and nn.MultiheadAttention are mha's
         model(x)
 
-The forward and backward are operators registered with torch.library.custom_op
+The forward and backward are operators registered with torch.library (SDPA's from schemas that
+mha/_fields.py builds from mha's own field lists, the module's with custom_op)
 (torch.ops.mha.sdpa_forward / sdpa_backward / sdpa_weights, torch.ops.mha.multihead_attention_forward /
 multihead_attention_backward), each with a fake (shape-only) kernel and the forwards with an
 autograd formula, so autograd works and torch.compile(fullgraph=True)
@@ -33,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from . import _core, _mha
+from . import _core, _fields, _mha
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "patch", "flash_attn_func", "flash_attn_varlen_func",
            "merge_attention_states"]
@@ -67,107 +68,110 @@ def _seed(dropout_seed):
     return None if dropout_seed is None else int(dropout_seed) % 2**64
 
 
-def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-                  causal: str, scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor],
-                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
-                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                  cu_seqlens_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+# The operators' arguments: SDPA's nine, then every variant of mha._fields in its order (the
+# schemas, the kernels, the fakes and autograd are built from that one list).
+_SDPA_SCHEMA = ("Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, str causal, float? scale, "
+                "bool enable_gqa, Tensor? dropout_seed")
+
+
+def _named(values, keywords=None):
+    """Every variant by name from an operator's arguments after SDPA's nine: positional `values`
+    (torch may leave trailing defaults out), then `keywords`, then the defaults."""
+    return {**_fields.DEFAULTS, **dict(zip(_fields.NAMES, values)), **(keywords or {})}
+
+
+def _variants(values, keywords):
+    """The variants dict of an operator's arguments (tensors as arrays)."""
+    return {name: _numpy(v) if isinstance(v, Tensor) else v for name, v in _named(values, keywords).items()}
+
+
+torch.library.define("mha::sdpa_forward", _fields.schema(_SDPA_SCHEMA, "(Tensor, Tensor)"))
+torch.library.define("mha::sdpa_weights", _fields.schema(_SDPA_SCHEMA, "Tensor"))
+torch.library.define("mha::sdpa_backward", _fields.schema(
+    "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor output, Tensor logsumexp, Tensor? attn_mask, "
+    "float dropout_p, str causal, float? scale, bool enable_gqa, Tensor? dropout_seed", "(Tensor, Tensor, Tensor, Tensor)"))
+
+
+def _sdpa_forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
+                  **keywords):
     """(output, logsumexp): output (..., Hq, L, Ev) and the float64 log-sum-exp of each score
     row (..., Hq, L). causal is "none", "top_left" (torch's is_causal) or "bottom_right";
-    dropout_seed an int64 scalar tensor (None without dropout); the window, soft-cap, sinks, ALiBi
-    slopes and packed offsets as in mha.scaled_dot_product_attention."""
+    dropout_seed an int64 scalar tensor (None without dropout); the variants as in
+    mha.scaled_dot_product_attention, by their C++ names (the window as window_left, window_right)."""
     output, logsumexp, _ = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p,
-                                         causal, scale, enable_gqa, _seed(dropout_seed), _threads(),
-                                         (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
-                                         _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
+                                         causal, scale, enable_gqa, _seed(dropout_seed), _threads(), _variants(variants, keywords))
     return _tensor(output), torch.from_numpy(logsumexp)
 
 
-sdpa_forward = torch.library.custom_op("mha::sdpa_forward", _sdpa_forward, mutates_args=(), device_types="cpu")
-
-
-@sdpa_forward.register_fake
-def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, window_left=-1,
-      window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+@torch.library.register_fake("mha::sdpa_forward")
+def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
+      **keywords):
     layout = _core.Layout(query.shape, key.shape, value.shape, enable_gqa)
     return query.new_empty(layout.output_shape()), query.new_empty(layout.logsumexp_shape(), dtype=torch.float64)
 
 
-@torch.library.custom_op("mha::sdpa_weights", mutates_args=(), device_types="cpu")
-def sdpa_weights(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-                 causal: str, scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor],
-                 window_left: int = -1, window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
-                 alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                 cu_seqlens_k: Optional[Tensor] = None) -> Tensor:
+def _sdpa_weights(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
+                  **keywords):
     """The attention probabilities (..., Hq, L, S) of sdpa_forward's call with the same arguments
     (after its dropout, the sinks' share left out), in the query's dtype. No gradient."""
     _, _, weights = _core.forward(_numpy(query), _numpy(key), _numpy(value), _numpy(attn_mask), dropout_p, causal,
-                                  scale, enable_gqa, _seed(dropout_seed), _threads(),
-                                  (window_left, window_right), softcap, _numpy(sinks), _numpy(alibi_slopes),
-                                  _numpy(cu_seqlens_q), _numpy(cu_seqlens_k), need_weights=True)
+                                  scale, enable_gqa, _seed(dropout_seed), _threads(), _variants(variants, keywords),
+                                  need_weights=True)
     return _tensor(weights)
 
 
-@sdpa_weights.register_fake
-def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, window_left=-1,
-      window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+@torch.library.register_fake("mha::sdpa_weights")
+def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
+      **keywords):
     return query.new_empty(_core.Layout(query.shape, key.shape, value.shape, enable_gqa).mask_shape())
 
 
-@torch.library.custom_op("mha::sdpa_backward", mutates_args=(), device_types="cpu")
-def sdpa_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tensor, output: Tensor,
-                  logsumexp: Tensor, attn_mask: Optional[Tensor], dropout_p: float, causal: str,
-                  scale: Optional[float], enable_gqa: bool, dropout_seed: Optional[Tensor], window_left: int = -1,
-                  window_right: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
-                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                  cu_seqlens_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _sdpa_backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
+                   dropout_seed, *variants, **keywords):
     """(grad_query, grad_key, grad_value, grad_sinks), given sdpa_forward's arguments and results;
     grad_sinks is empty (0,) without sinks."""
     grads = _core.backward(_numpy(grad_output), _numpy(query), _numpy(key), _numpy(value), _numpy(output),
                            _numpy(logsumexp), _numpy(attn_mask), dropout_p, causal, scale, enable_gqa,
-                           _seed(dropout_seed), _threads(), (window_left, window_right), softcap,
-                           _numpy(sinks), _numpy(alibi_slopes), _numpy(cu_seqlens_q), _numpy(cu_seqlens_k))
+                           _seed(dropout_seed), _threads(), _variants(variants, keywords))
     grads = tuple(_tensor(g) for g in grads)
-    return grads if sinks is not None else grads + (query.new_empty(0),)
+    return grads if len(grads) == 4 else grads + (query.new_empty(0),)
 
 
-@sdpa_backward.register_fake
+@torch.library.register_fake("mha::sdpa_backward")
 def _(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,
-      dropout_seed, window_left=-1, window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
-      cu_seqlens_k=None):
+      dropout_seed, *variants, **keywords):
+    sinks = _named(variants, keywords)["sinks"]
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
             query.new_empty(sinks.shape if sinks is not None else (0,)))
 
 
-# The operator's arguments after the nine of SDPA's (query ... dropout_seed): the variants.
-_VARIANTS = ("window_left", "window_right", "softcap", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
-
-
 def _setup_context(ctx, inputs, output):
     query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants = inputs
-    variants = dict(zip(_VARIANTS, variants))
     out, logsumexp = output
     ctx.mark_non_differentiable(logsumexp)
-    tensors = [variants.pop(name, None) for name in ("sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")]
-    ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp, dropout_seed, *tensors)
+    named = _named(variants)
+    ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp, dropout_seed,
+                          *(named[name] for name, _ in _fields.VIEWS))
     ctx.options = (dropout_p, causal, scale, enable_gqa)
-    ctx.variants = variants  # the plain values: window, soft-cap
+    ctx.settings = tuple(named[name] for name, _ in _fields.SETTINGS)
 
 
 def _backward(ctx, grad_output, _grad_logsumexp):
-    query, key, value, attn_mask, out, logsumexp, dropout_seed, sinks, slopes, cu_q, cu_k = ctx.saved_tensors
-    dropout_p, causal, scale, enable_gqa = ctx.options
-    v = ctx.variants
+    query, key, value, attn_mask, out, logsumexp, dropout_seed, *views = ctx.saved_tensors
     grad_query, grad_key, grad_value, grad_sinks = torch.ops.mha.sdpa_backward(
-        grad_output, query, key, value, out, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed,
-        v.get("window_left", -1), v.get("window_right", -1), v.get("softcap", 0.0), sinks, slopes, cu_q, cu_k)
-    # No gradient for the mask (a mask that needs one goes to PyTorch), the options, the seed, the
-    # slopes or the offsets; the sinks' when they were given.
-    return (grad_query, grad_key, grad_value, None, None, None, None, None, None, None, None, None,
-            grad_sinks if sinks is not None else None, None, None, None)
+        grad_output, query, key, value, out, logsumexp, attn_mask, *ctx.options, dropout_seed, *ctx.settings, *views)
+    # No gradient for the mask (a mask that needs one goes to PyTorch), the options, the seed or
+    # the variants, but the sinks' when they were given (mha._fields.DIFFERENTIABLE).
+    given = dict(zip((name for name, _ in _fields.VIEWS), views))
+    return (grad_query, grad_key, grad_value) + (None,) * 6 + tuple(
+        grad_sinks if name in _fields.DIFFERENTIABLE and given.get(name) is not None else None
+        for name in _fields.NAMES)
 
 
-sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
+for _name, _kernel in (("sdpa_forward", _sdpa_forward), ("sdpa_weights", _sdpa_weights),
+                      ("sdpa_backward", _sdpa_backward)):
+    torch.library.impl(f"mha::{_name}", "cpu", _kernel)
+torch.library.register_autograd("mha::sdpa_forward", _backward, setup_context=_setup_context)
 
 
 def _unsupported_tensors(tensors):
@@ -247,20 +251,19 @@ def _fall_back(reason, what="scaled_dot_product_attention"):
                       stacklevel=3)
 
 
-def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap=0.0, sinks=None,
-               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, need_weights=False):
-    """(output, logsumexp) of mha's operator on inputs mha runs: the seed drawn when dropout needs
-    one, the operator when autograd or torch.compile needs it, else its body. With need_weights,
-    (output, logsumexp, weights): the probabilities of the same call (the same dropout seed), by
-    a second pass, without a gradient."""
+def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, variants, need_weights=False):
+    """(output, logsumexp) of mha's operator on inputs mha runs, `variants` a dict by the C++ names
+    (mha._fields): the seed drawn when dropout needs one, the operator when autograd or
+    torch.compile needs it, else its body. With need_weights, (output, logsumexp, weights): the
+    probabilities of the same call (the same dropout seed), by a second pass, without a gradient."""
     # Drawn from the default generator only when used, so that without dropout the random
     # stream is left as PyTorch's SDPA leaves it.
     seed = torch.randint(2**63 - 1, (), dtype=torch.int64) if dropout_p > 0 else None
-    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed, *window, float(softcap), sinks,
-            alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    args = (query, key, value, mask, dropout_p, causal, scale, enable_gqa, seed, *_fields.arguments(variants))
     # The dispatcher's ~10 us per call are a twentieth of a small attention (bench_python.py).
     needs_op = torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, key, value, sinks)))
+        t is not None and t.requires_grad
+        for t in (query, key, value, *(variants.get(name) for name in _fields.DIFFERENTIABLE))))
     output, logsumexp = torch.ops.mha.sdpa_forward(*args) if needs_op else _sdpa_forward(*args)
     if not need_weights:
         return output, logsumexp
@@ -268,25 +271,28 @@ def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, wi
     return output, logsumexp, weights
 
 
-def _check_variants_run(reason, softcap, sinks, alibi_slopes):
-    """The soft-cap, sinks and ALiBi exist in mha alone: inputs mha cannot run are refused."""
-    given = [name for name, x in (("softcap", softcap), ("sinks", sinks), ("alibi_slopes", alibi_slopes))
-             if x is not None and not (name == "softcap" and x == 0)]
+def _check_variants_run(reason, variants):
+    """Every variant but the window (a mask for PyTorch) exists in mha alone: inputs mha cannot run
+    are refused when one is given."""
+    given = [name for name, x in variants.items()
+             if name not in ("window_left", "window_right") and x is not None and x != _fields.DEFAULTS[name]]
     if given and reason is not None:
         raise _core.ArgumentError(f"{', '.join(given)}: mha runs these only on floating-point CPU tensors, and "
                                   f"PyTorch's attention, which takes the rest, has no such argument; got {reason}")
 
 
+@_fields.signature
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, window_size=(-1, -1), softcap=0.0, sinks=None,
-                                 alibi_slopes=None):
+                                 enable_gqa=False, **variants):
     """torch.nn.functional.scaled_dot_product_attention, computed by mha: same arguments, same
     shapes, same results up to rounding (bitwise the same for any thread count).
 
-    mha's own, keyword-only, as in mha.scaled_dot_product_attention: window_size (left, right), a
-    sliding window (FlashAttention-2's; keys outside it cost nothing); softcap (Gemma 2's logit
-    soft-cap); sinks (Hq,), one logit per head in every row's softmax, with its gradient (gpt-oss);
-    alibi_slopes (Hq,) or (*batch, Hq).
+    mha's own variants, keyword-only, as in mha.scaled_dot_product_attention: window_size (left,
+    right), a sliding window (FlashAttention-2's; keys outside it cost nothing); softcap (Gemma 2's
+    logit soft-cap); chunk_size (Llama 4's chunked attention); sinks (Hq,), one logit per head in
+    every row's softmax, with its gradient (gpt-oss); alibi_slopes (Hq,) or (*batch, Hq);
+    query_lengths, key_lengths and key_starts (padding as lengths); cu_seqlens_q, cu_seqlens_k
+    (packed sequences).
 
     attn_mask may be a torch.nn.attention.bias.CausalBias: upper-left is is_causal, lower-right
     is mha's bottom-right causal mask. With dropout_p > 0 the seed is drawn from torch's default
@@ -300,9 +306,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError("CausalBias should not be used with causal=True")  # PyTorch's own check
         lower_right = attn_mask.variant == CausalVariant.LOWER_RIGHT and attn_mask.seq_len_q != attn_mask.seq_len_kv
         causal, mask = ("bottom_right" if lower_right else "top_left"), None
-    window = _core.check_window(window_size)
+    variants = _fields.variants(variants, "scaled_dot_product_attention")
+    window = (variants.get("window_left", -1), variants.get("window_right", -1))
     reason = _unsupported(query, key, value, mask)
-    _check_variants_run(reason, softcap, sinks, alibi_slopes)
+    _check_variants_run(reason, variants)
     if reason is not None:
         _fall_back(reason)
         if window != (-1, -1):  # PyTorch has no window: the same keys as a dense bool mask
@@ -321,8 +328,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
     query, key, value, mask = _autocast(query, key, value, mask)
-    output, _ = _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, window, softcap, sinks,
-                           alibi_slopes)
+    output, _ = _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, variants)
     return output
 
 
@@ -350,12 +356,14 @@ def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, dims)
     return alibi_slopes
 
 
+@_fields.signature
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, sinks=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **variants):
     """FlashAttention-2's flash_attn_func: q (B, L, Hq, D), k and v (B, S, Hkv, D) with Hkv dividing
     Hq (GQA); causal and the window on the bottom-right diagonal (query i's own key is i + S - L);
     softcap, alibi_slopes ((Hq,) or (B, Hq), FlashAttention's -slope * |i + S - L - j|) and dropout
-    as FlashAttention's. sinks (mha's, keyword-only): (Hq,) gpt-oss's sink logits, with a gradient.
+    as FlashAttention's. mha's other variants, keyword-only, as in mha.torch.scaled_dot_product_attention
+    (sinks (Hq,): gpt-oss's sink logits, with a gradient; chunk_size; key_lengths, key_starts, ...).
 
     Returns out (B, L, Hq, D); with return_attn_probs, (out, softmax_lse (B, Hq, L) float32, None):
     mha never builds the probabilities, so the third is None where FlashAttention returns them for
@@ -364,16 +372,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs,
                                  "(batch, seqlen, nheads, headdim)")
+    variants = _fields.variants({**variants, "window_size": window_size, "softcap": softcap,
+                                 "alibi_slopes": alibi_slopes}, "flash_attn_func")
     out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
-                          "bottom_right" if causal else "none", softmax_scale, True, _core.check_window(window_size),
-                          softcap, sinks, alibi_slopes)
+                          "bottom_right" if causal else "none", softmax_scale, True, variants)
     out = out.transpose(1, 2).contiguous()
     return (out, lse.to(torch.float32), None) if return_attn_probs else out
 
 
+@_fields.signature
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, sinks=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, **variants):
     """FlashAttention-2's flash_attn_varlen_func: q (total_q, Hq, D), k and v (total_k, Hkv, D) hold
     N sequences back to back, cu_seqlens_q / cu_seqlens_k (N + 1,) int32 their offsets, each
     sequence attending to its own keys alone (causality, the window and ALiBi on each sequence's
@@ -403,10 +413,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             if length < needed:
                 raise _core.ArgumentError(f"max_seqlen_{name[-1]}: expected at least the longest sequence's {needed}, "
                                           f"got {length}")
+    variants = _fields.variants({**variants, "window_size": window_size, "softcap": softcap,
+                                 "alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q,
+                                 "cu_seqlens_k": cu_seqlens_k}, "flash_attn_varlen_func")
     out, lse = _attention(q.permute(1, 0, 2).unsqueeze(0), k.permute(1, 0, 2).unsqueeze(0),
                           v.permute(1, 0, 2).unsqueeze(0), None, dropout_p, "bottom_right" if causal else "none",
-                          softmax_scale, True, _core.check_window(window_size), softcap, sinks, alibi_slopes,
-                          cu_seqlens_q, cu_seqlens_k)
+                          softmax_scale, True, variants)
     out = out[0].transpose(0, 1).contiguous()
     return (out, lse[0].to(torch.float32), None) if return_attn_probs else out
 

@@ -267,8 +267,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     rows = batch > 1 and cu_q is not None  # packed rows of a batch, attended as one row
     if rows:
         query, key, value = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[3]) for t in (query, key, value))
+    variants = {"window_left": window[0], "window_right": window[1], "softcap": float(softcap or 0.0), "sinks": sinks,
+                "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
     result = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
-                                   scaling, True, window, float(softcap or 0.0), sinks, None, cu_q, cu_k, need_weights)
+                                   scaling, True, variants, need_weights)
     output, weights = result[0], (result[2] if need_weights else None)
     if rows:  # back to (batch, heads, length, ...): each row's block of the one row
         output = output.reshape(heads, batch, length, -1).transpose(0, 1)

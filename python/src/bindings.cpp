@@ -14,6 +14,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/variant.h>
@@ -21,6 +22,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -86,58 +89,66 @@ class OpenMPThreads {
   int saved_;
 };
 
-// The per-call tensors beside the masks: sinks and ALiBi slopes (T), packed offsets (int64).
-template <class T>
-struct CallTensors {
-  std::optional<In<T>> sinks, alibi_slopes;
-  std::optional<In<int64_t>> cu_seqlens_q, cu_seqlens_k;
-};
+// What a view of Options<T> holds, for Python: "bool" (a mask), "value" (the call's element
+// type: sinks, slopes, an additive mask) or "index" (int64 lengths and offsets).
+template <class T, class E>
+constexpr const char* view_kind() {
+  if constexpr (std::is_same_v<E, bool>) return "bool";
+  else if constexpr (std::is_same_v<E, T>) return "value";
+  else return "index";
+}
 
+// Options<T>'s typed views from `views`, a sequence in the order of Options::visit_views (None for
+// an absent one), each array taken in place (noconvert: a wrong dtype is a TypeError naming the
+// view). Needs the GIL; the arrays stay the caller's, who holds them for the call.
 template <class T>
-mha::attention::Options<T> options(const std::optional<In<bool>>& attend_mask,
-                                   const std::optional<In<T>>& additive_mask, const Scoring& scoring,
-                                   const CallTensors<T>& tensors) {
+mha::attention::Options<T> options(const Scoring& scoring, const nb::sequence& views) {
   mha::attention::Options<T> opt;
   static_cast<Scoring&>(opt) = scoring;
-  if (attend_mask) opt.attend_mask = view<const bool>(*attend_mask);
-  if (additive_mask) opt.additive_mask = view<const T>(*additive_mask);
-  if (tensors.sinks) opt.sinks = view<const T>(*tensors.sinks);
-  if (tensors.alibi_slopes) opt.alibi_slopes = view<const T>(*tensors.alibi_slopes);
-  if (tensors.cu_seqlens_q) opt.cu_seqlens_q = view<const int64_t>(*tensors.cu_seqlens_q);
-  if (tensors.cu_seqlens_k) opt.cu_seqlens_k = view<const int64_t>(*tensors.cu_seqlens_k);
+  size_t index = 0, count = 0;
+  mha::attention::Options<T>::visit_views([&](const char*, auto) { ++count; });
+  mha::check(nb::len(views) == count, "views: expected ", count, " entries (mha's Options views, in order), got ",
+             nb::len(views));
+  mha::attention::Options<T>::visit_views([&](const char* name, auto member) {
+    const nb::handle array = views[index++];
+    if (array.is_none()) return;
+    using E = std::remove_const_t<typename std::remove_cvref_t<decltype(opt.*member)>::value_type>;
+    In<E> in;
+    if (!nb::try_cast(array, in, /*convert=*/false))
+      throw nb::type_error((std::string(name) + ": expected a CPU array of the element type mha takes (" +
+                            view_kind<T, E>() + "), got " + nb::inst_name(array).c_str())
+                               .c_str());
+    opt.*member = view<const E>(in);
+  });
   return opt;
 }
 
 template <class T>
 void sdpa_forward(const In<T>& query, const In<T>& key, const In<T>& value, const Out<T>& output,
-                  const Out<double>& logsumexp, const std::optional<In<bool>>& attend_mask,
-                  const std::optional<In<T>>& additive_mask, const Scoring& scoring, int num_threads,
-                  const std::optional<In<T>>& sinks, const std::optional<In<T>>& alibi_slopes,
-                  const std::optional<In<int64_t>>& cu_seqlens_q, const std::optional<In<int64_t>>& cu_seqlens_k,
+                  const Out<double>& logsumexp, const Scoring& scoring, const nb::sequence& views, int num_threads,
                   const std::optional<Out<T>>& weights) {
-  OpenMPThreads threads(num_threads);
   mha::attention::ForwardOutputs<T> out{view<T>(output), view<double>(logsumexp),
                                         weights ? view<T>(*weights) : mha::View<T>()};
-  auto opt = options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k});
+  auto opt = options<T>(scoring, views);
   opt.need_weights = weights.has_value();
+  nb::gil_scoped_release released;
+  OpenMPThreads threads(num_threads);
   mha::attention::sdpa_forward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value), out, opt);
 }
 
 template <class T>
 void sdpa_backward(const In<T>& query, const In<T>& key, const In<T>& value, const In<T>& output,
                    const In<double>& logsumexp, const In<T>& grad_output, const Out<T>& grad_query,
-                   const Out<T>& grad_key, const Out<T>& grad_value,
-                   const std::optional<In<bool>>& attend_mask, const std::optional<In<T>>& additive_mask,
-                   const Scoring& scoring, int num_threads, const std::optional<In<T>>& sinks,
-                   const std::optional<In<T>>& alibi_slopes, const std::optional<In<int64_t>>& cu_seqlens_q,
-                   const std::optional<In<int64_t>>& cu_seqlens_k, const std::optional<Out<T>>& grad_sinks) {
-  OpenMPThreads threads(num_threads);
+                   const Out<T>& grad_key, const Out<T>& grad_value, const Scoring& scoring,
+                   const nb::sequence& views, int num_threads, const std::optional<Out<T>>& grad_sinks) {
   mha::attention::GradientOutputs<T> grads{view<T>(grad_query), view<T>(grad_key), view<T>(grad_value), false,
                                            grad_sinks ? view<T>(*grad_sinks) : mha::View<T>()};
-  mha::attention::sdpa_backward_into<T>(
-      view<const T>(query), view<const T>(key), view<const T>(value), view<const T>(output),
-      view<const double>(logsumexp), view<const T>(grad_output), grads,
-      options<T>(attend_mask, additive_mask, scoring, {sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k}));
+  const auto opt = options<T>(scoring, views);
+  nb::gil_scoped_release released;
+  OpenMPThreads threads(num_threads);
+  mha::attention::sdpa_backward_into<T>(view<const T>(query), view<const T>(key), view<const T>(value),
+                                        view<const T>(output), view<const double>(logsumexp),
+                                        view<const T>(grad_output), grads, opt);
 }
 
 template <class T>
@@ -337,19 +348,16 @@ nb::tuple multihead_attention_backward(
 // (`suffix`: their arrays are all uint16).
 template <class T>
 void define_attention(nb::module_& m, const std::string& suffix) {
-  m.def(("sdpa_forward" + suffix).c_str(), &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
-        "output"_a.noconvert(), "logsumexp"_a.noconvert(), "attend_mask"_a.noconvert().none(),
-        "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a, "sinks"_a.noconvert().none() = nb::none(),
-        "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(), "cu_seqlens_k"_a.noconvert().none() = nb::none(),
-        "weights"_a.noconvert().none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+  m.def(("sdpa_forward" + suffix).c_str(), &sdpa_forward<T>, "query"_a.noconvert(), "key"_a.noconvert(),
+        "value"_a.noconvert(), "output"_a.noconvert(), "logsumexp"_a.noconvert(), "scoring"_a, "views"_a,
+        "num_threads"_a, "weights"_a.noconvert().none() = nb::none(),
         "Scaled dot-product attention forward into `output` (B, Hq, L, Dv) and `logsumexp` (B, Hq, L), and the "
-        "probabilities into `weights` (B, Hq, L, S) when given.");
-  m.def(("sdpa_backward" + suffix).c_str(), &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
-        "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
-        "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(),
-        "attend_mask"_a.noconvert().none(), "additive_mask"_a.noconvert().none(), "scoring"_a, "num_threads"_a,
-        "sinks"_a.noconvert().none() = nb::none(), "alibi_slopes"_a.noconvert().none() = nb::none(), "cu_seqlens_q"_a.noconvert().none() = nb::none(),
-        "cu_seqlens_k"_a.noconvert().none() = nb::none(), "grad_sinks"_a.noconvert().none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+        "probabilities into `weights` (B, Hq, L, S) when given; `views`: Options' typed views in the order of "
+        "views() (None where absent).");
+  m.def(("sdpa_backward" + suffix).c_str(), &sdpa_backward<T>, "query"_a.noconvert(), "key"_a.noconvert(),
+        "value"_a.noconvert(), "output"_a.noconvert(), "logsumexp"_a.noconvert(), "grad_output"_a.noconvert(),
+        "grad_query"_a.noconvert(), "grad_key"_a.noconvert(), "grad_value"_a.noconvert(), "scoring"_a, "views"_a,
+        "num_threads"_a, "grad_sinks"_a.noconvert().none() = nb::none(),
         "Scaled dot-product attention backward into `grad_query`, `grad_key`, `grad_value` (and `grad_sinks`).");
   m.def(("merge_partial" + suffix).c_str(), &merge_partial<T>, "output"_a.noconvert(), "logsumexp"_a.noconvert(),
         "block_output"_a.noconvert(), "block_logsumexp"_a.noconvert(), nb::call_guard<nb::gil_scoped_release>(),
@@ -413,6 +421,29 @@ NB_MODULE(_mha, m) {
       .value("bottom_right", Causal::bottom_right);
   bind_settings<mha::attention::WholeCall>(m, "WholeCall");
   bind_settings<Scoring>(m, "Scoring");
+  // The two lists the Python doors are built from (python/mha/_fields.py): Scoring's plain fields
+  // (with WholeCall's, which Python does not set) and Options' typed views with what each holds.
+  m.def(
+      "scoring_fields",
+      [] {
+        std::vector<std::string> names;
+        Scoring::visit_fields([&](const char* name, auto) { names.emplace_back(name); });
+        return names;
+      },
+      "Scoring's fields in the order of Scoring::visit_fields.");
+  m.def(
+      "views",
+      [] {
+        std::vector<std::pair<std::string, std::string>> list;
+        using Float = mha::attention::Options<float>;
+        Float::visit_views([&](const char* name, auto member) {
+          using E = std::remove_const_t<typename std::remove_cvref_t<decltype(Float{}.*member)>::value_type>;
+          list.emplace_back(name, view_kind<float, E>());
+        });
+        return list;
+      },
+      "Options' typed views as (name, kind) in the order of Options::visit_views, kind \"bool\", \"value\" (the "
+      "call's element type) or \"index\" (int64).");
   define_attention<float>(m, "");
   define_attention<double>(m, "");
   define_attention<mha::bfloat16>(m, "_bfloat16");

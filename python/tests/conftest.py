@@ -62,21 +62,22 @@ def assert_close_f64(ours, expected_f64, what, tolerance=1e-10):
     assert error <= tolerance * scale, f"{what}: float64 error {error} > {tolerance * scale}"
 
 
-# The binding's parameters in order (python/src/bindings.cpp); mha calls it positionally.
+# The binding's parameters in order (python/src/bindings.cpp); mha calls it positionally. "views"
+# is Options' typed views in the binding's order (_mha.views()), recorded by their names too.
 _BINDING_PARAMETERS = {
-    "sdpa_forward": ("query", "key", "value", "output", "logsumexp", "attend_mask", "additive_mask", "scoring",
-                     "num_threads", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "weights"),
+    "sdpa_forward": ("query", "key", "value", "output", "logsumexp", "scoring", "views", "num_threads", "weights"),
     "sdpa_backward": ("query", "key", "value", "output", "logsumexp", "grad_output", "grad_query", "grad_key",
-                      "grad_value", "attend_mask", "additive_mask", "scoring", "num_threads", "sinks", "alibi_slopes",
-                      "cu_seqlens_q", "cu_seqlens_k", "grad_sinks"),
+                      "grad_value", "scoring", "views", "num_threads", "grad_sinks"),
 }
 
 
 @pytest.fixture
 def binding_spy(monkeypatch):
-    """Records (name, {parameter: argument}) for each binding call: the memory mha reads and writes."""
+    """Records (name, {parameter: argument}) for each binding call: the memory mha reads and writes,
+    each view under its own name."""
     from mha import _mha
     calls = []
+    view_names = [name for name, _ in _mha.views()]
     for name, parameters in _BINDING_PARAMETERS.items():
         real = getattr(_mha, name)
         # The order is the binding's own: its signature (first line of the docstring) names them.
@@ -85,7 +86,10 @@ def binding_spy(monkeypatch):
 
         def spy(*arguments, real=real, name=name, parameters=parameters):
             assert len(arguments) == len(parameters), name
-            calls.append((name, dict(zip(parameters, arguments))))
+            recorded = dict(zip(parameters, arguments))
+            assert len(recorded["views"]) == len(view_names), name
+            recorded.update(zip(view_names, recorded["views"]))
+            calls.append((name, recorded))
             return real(*arguments)
         monkeypatch.setattr(_mha, name, spy)
     return calls

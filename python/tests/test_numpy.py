@@ -10,7 +10,7 @@ import pytest
 from conftest import SDPA_CASES, assert_close_f64, assert_flash_rule, load_case
 
 import mha
-from mha import _core, _mha
+from mha import _core, _fields, _mha
 
 
 def run_golden(inputs, metadata, dtype):
@@ -21,17 +21,18 @@ def run_golden(inputs, metadata, dtype):
     scale = float(metadata["scale"]) if metadata["scale"] else None
     gqa = metadata["enable_gqa"] == "true"
     causal = metadata["causal"]
-    window = (int(metadata.get("window_left", -1)), int(metadata.get("window_right", -1)))
+    # Every plain setting the metadata names, by mha's own list (a new one needs no edit here).
+    variants = {name: type(default)(metadata[name]) for name, default in _fields.SETTINGS if name in metadata}
     if causal == "bottom_right":  # not in SDPA's signature: mha.torch reaches it through CausalBias
-        out, lse, _ = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2, window)
-        grads = _core.backward(dout, q, k, v, out, lse, mask, 0.0, causal, scale, gqa, None, 2, window)
+        out, lse, _ = _core.forward(q, k, v, mask, 0.0, causal, scale, gqa, None, 2, variants)
+        grads = _core.backward(dout, q, k, v, out, lse, mask, 0.0, causal, scale, gqa, None, 2, variants)
     else:
+        keywords = {"window_size": (variants.pop("window_left", -1), variants.pop("window_right", -1)), **variants}
         out, lse = mha.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal == "top_left",
-                                                    scale=scale, enable_gqa=gqa, return_logsumexp=True,
-                                                    window_size=window)
+                                                    scale=scale, enable_gqa=gqa, return_logsumexp=True, **keywords)
         grads = mha.scaled_dot_product_attention_backward(dout, q, k, v, attn_mask=mask, is_causal=causal == "top_left",
                                                           scale=scale, enable_gqa=gqa, output=out, logsumexp=lse,
-                                                          window_size=window)
+                                                          **keywords)
     return dict(zip(("output", "grad_query", "grad_key", "grad_value"), (out, *grads)))
 
 
@@ -331,15 +332,20 @@ def test_the_binding_never_converts():
     q, k, v = (np.zeros((1, 1, 2, 4), dtype=np.float32) for _ in range(3))
     out, lse = np.empty((1, 1, 2, 4), dtype=np.float32), np.empty((1, 1, 2))
     with pytest.raises(TypeError):
-        _mha.sdpa_forward(query=q.astype(np.float64), key=k, value=v, output=out, logsumexp=lse, attend_mask=None,
-                          additive_mask=None, scoring=_mha.Scoring(), num_threads=1)
+        _mha.sdpa_forward(query=q.astype(np.float64), key=k, value=v, output=out, logsumexp=lse,
+                          scoring=_mha.Scoring(), views=(None,) * len(_mha.views()), num_threads=1)
     # mha's own checks come back as ValueError: an output that overlaps an input.
     with pytest.raises(ValueError, match="overlaps an input"):
-        _mha.sdpa_forward(query=q, key=k, value=v, output=q, logsumexp=lse, attend_mask=None, additive_mask=None,
-                          scoring=_mha.Scoring(), num_threads=1)
+        _mha.sdpa_forward(query=q, key=k, value=v, output=q, logsumexp=lse, scoring=_mha.Scoring(),
+                          views=(None,) * len(_mha.views()), num_threads=1)
     with pytest.raises(ValueError, match="num_threads"):
-        _mha.sdpa_forward(query=q, key=k, value=v, output=out, logsumexp=lse, attend_mask=None, additive_mask=None,
-                          scoring=_mha.Scoring(), num_threads=0)
+        _mha.sdpa_forward(query=q, key=k, value=v, output=out, logsumexp=lse, scoring=_mha.Scoring(),
+                          views=(None,) * len(_mha.views()), num_threads=0)
+    # A view of the wrong dtype is refused by its name, not converted.
+    views = [None] * len(_mha.views())
+    views[[n for n, _ in _mha.views()].index("key_lengths")] = np.zeros(1, dtype=np.int32)
+    with pytest.raises(TypeError, match="key_lengths: expected a CPU array"):
+        _mha.sdpa_forward(q, k, v, out, lse, _mha.Scoring(), tuple(views), 1)
 
 
 Q, K, V = randn(2, 4, 3, 8), randn(2, 4, 5, 8, seed=1), randn(2, 4, 5, 8, seed=2)

@@ -7,6 +7,8 @@ The expected values come from `reference` below: FlashAttention-2's attention_re
 plus -slope * |i + d - j|) with gpt-oss's sinks (modeling_gpt_oss.eager_attention_forward: the
 sink logit concatenated to each row, softmax, the sink's column dropped), in PyTorch float64 with
 autograd; and the goldens of tests/goldens/variants, which the anchors' own code wrote."""
+import inspect
+
 import numpy as np
 import pytest
 torch = pytest.importorskip("torch")
@@ -14,7 +16,7 @@ from conftest import VARIANT_CASES, assert_close_f64, assert_flash_rule, load_ca
 
 import mha  # noqa: E402
 import mha.torch  # noqa: E402
-from mha import _core  # noqa: E402
+from mha import _core, _fields  # noqa: E402
 
 
 def reference(q, k, v, causal="none", window=(-1, -1), softcap=0.0, sinks=None, slopes=None, scale=None):
@@ -263,10 +265,10 @@ def test_variant_goldens(case):
             kw["attn_mask"] = kw["attn_mask"] & np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
             causal = "none"
         packed = inputs_.get("cu_seqlens_q"), inputs_.get("cu_seqlens_k")
-        out, lse, _ = _core.forward(q, k, v, kw["attn_mask"], 0.0, causal, None, True, None, 2, kw["window_size"],
-                                    kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
-        grads = _core.backward(dout, q, k, v, out, lse, kw["attn_mask"], 0.0, causal, None, True, None, 2,
-                               kw["window_size"], kw["softcap"], kw["sinks"], kw["alibi_slopes"], *packed)
+        variants = _fields.variants({n: kw[n] for n in ("window_size", "softcap", "sinks", "alibi_slopes")}, "test")
+        variants["cu_seqlens_q"], variants["cu_seqlens_k"] = packed
+        out, lse, _ = _core.forward(q, k, v, kw["attn_mask"], 0.0, causal, None, True, None, 2, variants)
+        grads = _core.backward(dout, q, k, v, out, lse, kw["attn_mask"], 0.0, causal, None, True, None, 2, variants)
         ours = dict(zip(("output", "grad_query", "grad_key", "grad_value", "grad_sinks"), (out, *grads)))
         assert set(ours) == set(expected)
         for name in expected:
@@ -285,7 +287,7 @@ def test_variant_goldens(case):
     (lambda a: mha.scaled_dot_product_attention(*a, alibi_slopes=np.zeros(4, dtype=np.int64)),
      "alibi_slopes: expected a floating-point array"),
     (lambda a: mha.scaled_dot_product_attention(*a, cu_seqlens_q=np.array([0, 9]), cu_seqlens_k=np.array([0.0, 9.0])),
-     "cu_seqlens_k: expected int32 or int64 offsets"),
+     "cu_seqlens_k: expected int32 or int64 values"),
 ])
 def test_numpy_bad_values(call, message):
     q, k, v, *_ = inputs(B=2, Hq=4, Hkv=4)
@@ -329,3 +331,50 @@ def test_flash_functions_bad_values():
     b = torch.randn(1, 2, 4, 8, device="meta")
     with pytest.raises(mha.ArgumentError, match="softcap, sinks: mha runs these only on floating-point CPU tensors"):
         mha.torch.scaled_dot_product_attention(b, b, b, softcap=2.0, sinks=torch.zeros(2))
+
+
+def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
+    """query_lengths, key_lengths, key_starts and chunk_size reach the numpy door, mha.torch and
+    FlashAttention's function with no code of their own in the package (mha._fields builds the
+    keywords from the binding's lists), and equal PyTorch's SDPA given the dense mask of their
+    definition (docs/variants.md): sequence b's keys are [start, end), its positions its own, query
+    i's own key i + S_b - L, and with chunks it sees only that key's chunk of C positions."""
+    assert {"chunk_size", "query_lengths", "key_lengths", "key_starts"} <= set(_fields.KEYWORDS)
+    assert "chunk_size" in inspect.signature(mha.scaled_dot_product_attention).parameters
+    torch.manual_seed(3)
+    B, H, L, S, D, C = 3, 2, 6, 11, 8, 4
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64) for n in (L, S, S))
+    starts, ends = torch.tensor([0, 2, 5]), torch.tensor([11, 9, 11])
+
+    def dense(causal):
+        mask = torch.zeros(B, 1, L, S, dtype=torch.bool)
+        for b in range(B):
+            own = int(ends[b] - starts[b])
+            for i in range(L):
+                diagonal = i + own - L
+                for j in range(int(starts[b]), int(ends[b])):
+                    jo = j - int(starts[b])
+                    mask[b, 0, i, j] = jo // C == diagonal // C and (not causal or jo <= diagonal)
+        return mask
+
+    for causal in (False, True):
+        mask = dense(causal)
+        seen = mask.any(-1, keepdim=True)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).where(seen, 0)
+        keywords = dict(chunk_size=C, key_starts=starts, key_lengths=ends)
+        got = mha.torch.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                                        **keywords).transpose(1, 2)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        if not causal:  # numpy's door and mha.torch's: without causality the diagonal is S_b - L too
+            got = mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(),
+                                                   **{n: x.numpy() if torch.is_tensor(x) else x
+                                                      for n, x in keywords.items()})
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+            got = mha.torch.scaled_dot_product_attention(q, k, v, **keywords)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(mha.ArgumentError, match="chunk_size: expected 0 \\(no chunks\\) or a number of keys > 0"):
+        mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=-2)
+    with pytest.raises(mha.ArgumentTypeError, match="chunk_size: expected an integer"):
+        mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=2.5)
+    with pytest.raises(mha.ArgumentTypeError, match="unexpected keyword argument 'chunk'"):
+        mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk=2)

@@ -50,12 +50,12 @@ def bench_shape(B, H, L, d, repeats):
     # The layers under mha.torch, on the same arrays.
     qn, kn, vn = (x.numpy() for x in (q, k, v))
     output, lse = np.empty((B, H, L, d), dtype=np.float32), np.empty((B, H, L))
+    views = (None,) * len(_mha.views())  # Options' typed views, none given
     threads = torch.get_num_threads()
     mha.set_num_threads(threads)
     out["numpy_forward_ms"] = median_seconds(lambda: mha.scaled_dot_product_attention(qn, kn, vn), repeats)
     out["binding_forward_ms"] = median_seconds(
-        lambda: _mha.sdpa_forward(query=qn, key=kn, value=vn, output=output, logsumexp=lse, attend_mask=None,
-                                  additive_mask=None, scoring=_mha.Scoring(), num_threads=threads), repeats)
+        lambda: _mha.sdpa_forward(qn, kn, vn, output, lse, _mha.Scoring(), views, threads), repeats)
     for k_ in list(out):
         out[k_] *= 1e3
     out["overhead_us"] = (out["mha_forward_ms"] - out["binding_forward_ms"]) * 1e3

@@ -166,6 +166,7 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   // (The kernels keep the cap as a float, where one below float's least subnormal would be 0: none.)
   check(s.softcap == 0.0 || static_cast<float>(s.softcap) > 0.0f,
         "softcap: expected 0 (none) or a cap of at least 1.4e-45 (float's least subnormal), got ", s.softcap);
+  check(s.chunk_size >= 0, "chunk_size: expected 0 (no chunks) or a number of keys > 0, got ", s.chunk_size);
   if (s.scale) {
     check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
     p.scale = *s.scale;
@@ -182,6 +183,10 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   });
   p.key_lengths = sequence_lengths(options.key_lengths, sequences, "key_lengths", [&](int64_t b) {
     return p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len;
+  });
+  // Each start at most its sequence's key length (where its keys end).
+  p.key_starts = sequence_lengths(options.key_starts, sequences, "key_starts", [&](int64_t b) {
+    return p.key_lengths.of(b, p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len);
   });
   return p;
 }
@@ -337,43 +342,40 @@ void store(const View<T>& dst, const Tensor<float>& src, bool accumulate) {
   });
 }
 
-// A half-precision call's options for the reference, which runs it in float: the masks, sinks and
-// slopes copied to float (`held` keeps the copies).
+// A half-precision call's options for the reference, which runs it in float: every view by the
+// list (Options::visit_views), those of T (a mask, the sinks, the slopes) copied to float (`held`
+// keeps the copies), the others (bool, int64) as they are.
 template <class T>
 Options<float> float_options(const Options<T>& options, std::vector<Tensor<float>>& held) {
   Options<float> o;
   static_cast<Scoring&>(o) = options;
-  o.attend_mask = options.attend_mask;
-  o.query_lengths = options.query_lengths;
-  o.key_lengths = options.key_lengths;
-  o.cu_seqlens_q = options.cu_seqlens_q;
-  o.cu_seqlens_k = options.cu_seqlens_k;
   o.need_weights = options.need_weights;
   o.backend = Backend::reference;
-  auto copy = [&](const View<const T>& v, View<const float>& to) {
-    if (!v.defined()) return;
-    held.push_back(to_float(v));
-    to = held.back();
-  };
-  copy(options.additive_mask, o.additive_mask);
-  copy(options.sinks, o.sinks);
-  copy(options.alibi_slopes, o.alibi_slopes);
+  int index = 0;  // the two lists' entries are the same views in the same order
+  Options<T>::visit_views([&](const char*, auto from) {
+    int other = 0;
+    Options<float>::visit_views([&](const char*, auto to) {
+      if (other++ != index) return;
+      const auto& v = options.*from;
+      using From = std::remove_cvref_t<decltype(v)>;
+      using To = std::remove_cvref_t<decltype(o.*to)>;
+      if constexpr (std::is_same_v<From, View<const T>> && std::is_same_v<To, View<const float>>) {
+        if (v.defined()) o.*to = held.emplace_back(to_float(v));
+      } else if constexpr (std::is_same_v<From, To>) {
+        o.*to = v;
+      }
+    });
+    ++index;
+  });
   return o;
 }
 
 using ByteRanges = std::vector<std::pair<const char*, const char*>>;
 
-// The bytes a call reads: its operands' (given) and the masks'.
+// The bytes a call reads: its operands' (given) and every view's.
 template <class T>
 ByteRanges input_ranges(ByteRanges operands, const Options<T>& options) {
-  operands.push_back(byte_range(options.attend_mask));
-  operands.push_back(byte_range(options.additive_mask));
-  operands.push_back(byte_range(options.query_lengths));
-  operands.push_back(byte_range(options.key_lengths));
-  operands.push_back(byte_range(options.cu_seqlens_q));
-  operands.push_back(byte_range(options.cu_seqlens_k));
-  operands.push_back(byte_range(options.sinks));
-  operands.push_back(byte_range(options.alibi_slopes));
+  Options<T>::visit_views([&](const char*, auto member) { operands.push_back(byte_range(options.*member)); });
   return operands;
 }
 

@@ -38,8 +38,8 @@ struct Rows {
   T* row(int64_t b, int64_t h, int64_t i) const { return data + b * stride_b + h * stride_h + i * stride_row; }
 };
 
-// Per-sequence lengths (Options::query_lengths, key_lengths): element b of a (B) view (one per
-// packed sequence with cu_seqlens), or the sequence's whole length when absent.
+// Per-sequence lengths (Options::query_lengths, key_lengths) and starts (key_starts): element b of
+// a (B) view (one per packed sequence with cu_seqlens), or `whole` when absent.
 struct SequenceLengths {
   const int64_t* data = nullptr;
   int64_t stride = 0;
@@ -81,7 +81,7 @@ struct Problem {
   // The call's settings as given (checked), with whole_call's totals resolved (never 0).
   Scoring settings;
   double scale = 1.0;  // settings.scale, or 1/sqrt(Dqk)
-  SequenceLengths query_lengths, key_lengths;  // per sequence (b, or packed)
+  SequenceLengths query_lengths, key_lengths, key_starts;  // per sequence (b, or packed)
   PackedSequences packed;
 
   const WholeCall& whole() const { return settings.whole_call; }
@@ -91,13 +91,16 @@ struct Problem {
   bool dropout() const { return settings.dropout_p > 0.0; }
   // The sequence of query row i of batch b (Sequence).
   Sequence sequence_of(int64_t b, int64_t i) const {
+    // A left-padded sequence's keys (key_starts) begin past its padding.
     if (!packed.present()) {
       const WholeCall& w = whole();
-      return {b, -w.query_offset, -w.key_offset, std::numeric_limits<int64_t>::max(),
-              query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len)};
+      const int64_t start = key_starts.of(b, 0);
+      return {b, -w.query_offset, start - w.key_offset, std::numeric_limits<int64_t>::max(),
+              query_lengths.of(b, w.query_len), key_lengths.of(b, w.key_len) - start};
     }
-    const int64_t s = packed.holding(i), q0 = packed.q(s), k0 = packed.k(s);
-    return {s, q0, k0, packed.q(s + 1), query_lengths.of(s, packed.q(s + 1) - q0), key_lengths.of(s, packed.k(s + 1) - k0)};
+    const int64_t s = packed.holding(i), q0 = packed.q(s), k0 = packed.k(s), start = key_starts.of(s, 0);
+    return {s, q0, k0 + start, packed.q(s + 1), query_lengths.of(s, packed.q(s + 1) - q0),
+            key_lengths.of(s, packed.k(s + 1) - k0) - start};
   }
   // The keys of this call that queries [i0, i1) of batch b may see: attention::visible_keys of
   // each row's sequence at the whole call's positions, moved to this call's key numbering and cut

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -41,22 +42,17 @@ struct Field {
 // as a name and 64 bits: integers and enums as they are, doubles by their bits, an optional as
 // its value's bits or a NaN's.
 template <class Settings>
-void encode_fields(const Settings& settings, const std::string& prefix, std::vector<Field>& fields,
-                   std::vector<int64_t>& values) {
-  Settings::visit_fields([&](const char* name, auto member) {
-    const auto& value = settings.*member;
+void encode_fields(const Settings& settings, std::vector<Field>& fields, std::vector<int64_t>& values) {
+  attention::for_each_field(settings, [&](const std::string& name, const auto& value) {
     using V = std::decay_t<decltype(value)>;
-    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
-      encode_fields(value, prefix + name + ".", fields, values);
-      return;
-    } else if constexpr (std::is_same_v<V, double>) {
+    if constexpr (std::is_same_v<V, double>) {
       values.push_back(std::bit_cast<int64_t>(value));
     } else if constexpr (std::is_same_v<V, std::optional<double>>) {
       values.push_back(std::bit_cast<int64_t>(value.value_or(std::numeric_limits<double>::quiet_NaN())));
     } else {
       values.push_back(static_cast<int64_t>(value));
     }
-    fields.push_back({prefix + name, std::is_same_v<V, double> || std::is_same_v<V, std::optional<double>>});
+    fields.push_back({name, std::is_same_v<V, double> || std::is_same_v<V, std::optional<double>>});
   });
 }
 
@@ -103,12 +99,12 @@ Call make_call(Communicator& comm, Scheme scheme, const char* function, const Te
   check_mask(options.attend_mask, c, "attend_mask");
   check_mask(options.additive_mask, c, "additive_mask");
 
-  check(!options.query_lengths.defined() && !options.key_lengths.defined(),
-        "options.query_lengths/key_lengths: context-parallel attention does not take per-sequence lengths");
-  check(!options.cu_seqlens_q.defined() && !options.cu_seqlens_k.defined(),
-        "options.cu_seqlens_q/cu_seqlens_k: context-parallel attention does not take packed sequences");
-  check(!options.sinks.defined() && !options.alibi_slopes.defined(),
-        "options.sinks/alibi_slopes: context-parallel attention does not take per-head sinks or ALiBi slopes yet");
+  // Of the typed views (their one list), the masks alone: not yet per-sequence lengths or starts,
+  // packed sequences, sinks or ALiBi slopes.
+  attention::Options<T>::visit_views([&](std::string_view name, auto member) {
+    check(name == "attend_mask" || name == "additive_mask" || !(options.*member).defined(), "options.", name,
+          ": context-parallel attention takes no typed view but the masks yet, got ", name);
+  });
 
   // What every rank must agree on: the call's shape and kind, then every Scoring field (its one
   // list, Scoring::visit_fields), each as 64 bits.
@@ -119,7 +115,7 @@ Call make_call(Communicator& comm, Scheme scheme, const char* function, const Te
                             c.kv_heads, c.qk_dim, c.v_dim, c.query_len, c.key_len,
                             options.attend_mask.defined() ? 1 : 0, options.additive_mask.defined() ? 1 : 0,
                             static_cast<int64_t>(sizeof(T))};
-  encode_fields(static_cast<const attention::Scoring&>(options), "", fields, mine);
+  encode_fields(static_cast<const attention::Scoring&>(options), fields, mine);
   const size_t n = mine.size();
   const std::vector<int64_t> all = comm.all_gather(std::span<const int64_t>(mine));
   for (int r = 1; r < c.ranks; ++r)

@@ -39,7 +39,7 @@ struct PackedCase {
   std::string describe() const {
     std::string s = "Hq" + std::to_string(q_heads) + " Hkv" + std::to_string(kv_heads) + " lengths";
     for (int64_t n = 0; n < count(); ++n) s += " " + std::to_string(q_lens[n]) + "x" + std::to_string(k_lens[n]);
-    describe_fields(scoring, "", s);
+    describe_fields(scoring, s);
     if (sinks) s += " sinks";
     if (alibi) s += " alibi(N,Hq)";
     if (!seqused_k.empty()) s += " seqused_k";

@@ -48,19 +48,11 @@ V parse_field(const std::string& text, const std::string& name) {
   }
 }
 
-// Every field of a settings struct that the metadata names (Scoring::visit_fields; a nested struct
-// as "outer.inner"); a field it does not name keeps its default.
-template <class Settings>
-void read_fields(const std::map<std::string, std::string>& metadata, const std::string& prefix, Settings& settings) {
-  Settings::visit_fields([&](const char* name, auto member) {
-    auto& value = settings.*member;
-    using V = std::decay_t<decltype(value)>;
-    const std::string key = prefix + name;
-    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
-      read_fields(metadata, key + ".", value);
-    } else if (auto it = metadata.find(key); it != metadata.end()) {
-      value = parse_field<V>(it->second, key);
-    }
+// Every Scoring field that the metadata names (for_each_field: a nested struct's as
+// "outer.inner"); a field it does not name keeps its default.
+void read_fields(const std::map<std::string, std::string>& metadata, Scoring& settings) {
+  for_each_field(settings, [&](const std::string& key, auto& value) {
+    if (auto it = metadata.find(key); it != metadata.end()) value = parse_field<std::decay_t<decltype(value)>>(it->second, key);
   });
 }
 
@@ -70,7 +62,7 @@ st::File run_case(const st::File& inputs) {
   auto input = [&](const char* name) { return st::to_tensor<T>(st::require(inputs, name, "inputs"), name); };
   const Tensor<T> q = input("query"), k = input("key"), v = input("value"), dout = input("grad_output");
   Options<T> opt;
-  read_fields(inputs.metadata, "", static_cast<Scoring&>(opt));
+  read_fields(inputs.metadata, static_cast<Scoring&>(opt));
   // PyTorch's bool mask has SDPA polarity (True = may attend), the same as attend_mask.
   std::optional<Tensor<bool>> attend;
   std::optional<Tensor<T>> additive;
@@ -123,14 +115,14 @@ TEST(SdpaGoldenMetadata, ReadsEveryScoringFieldItNames) {
   Scoring s;
   read_fields({{"causal", "bottom_right"}, {"scale", "-0.45"}, {"dropout_seed", "7"}, {"whole_call.key_len", "9"},
                {"description", "ignored"}},
-              "", s);
+              s);
   Scoring want;
   want.causal = Causal::bottom_right;
   want.scale = -0.45;
   want.dropout_seed = 7;
   want.whole_call.key_len = 9;
   EXPECT_EQ(s, want);
-  read_fields({{"scale", ""}, {"dropout_p", "0.25"}}, "", s);
+  read_fields({{"scale", ""}, {"dropout_p", "0.25"}}, s);
   want.scale.reset();
   want.dropout_p = 0.25;
   EXPECT_EQ(s, want);

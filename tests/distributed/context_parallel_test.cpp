@@ -235,7 +235,7 @@ TEST(ContextParallel, EveryRankMustMakeTheSameCall) {
   const Tensor<int64_t> offsets(Shape{2}, {int64_t{0}, int64_t{8}});
   options.cu_seqlens_q = offsets;
   mha::testing::expect_error([&] { call(Scheme::ring); },
-                             "options.cu_seqlens_q/cu_seqlens_k: context-parallel attention does not take packed");
+                             "options.cu_seqlens_q: context-parallel attention takes no typed view but the masks");
   options.cu_seqlens_q = {};
   Tensor<bool> bad({3, 8});
   options.attend_mask = bad;

@@ -101,18 +101,11 @@ std::string field_text(const V& v) {
   }
 }
 
-// " name=value" for every field of a settings struct, by its visit_fields list (a nested struct
-// with a list of its own, such as WholeCall, as "outer.inner=value").
-template <class Settings>
-void describe_fields(const Settings& settings, const std::string& prefix, std::string& out) {
-  Settings::visit_fields([&](const char* name, auto member) {
-    const auto& value = settings.*member;
-    using V = std::decay_t<decltype(value)>;
-    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
-      describe_fields(value, prefix + name + ".", out);
-    } else {
-      out += " " + prefix + name + "=" + field_text(value);
-    }
+// " name=value" for every Scoring field, by its list (for_each_field: WholeCall's as
+// "outer.inner=value").
+inline void describe_fields(const mha::attention::Scoring& settings, std::string& out) {
+  mha::attention::for_each_field(settings, [&](const std::string& name, const auto& value) {
+    out += " " + name + "=" + field_text(value);
   });
 }
 
@@ -126,16 +119,18 @@ struct Case {
   bool need_weights = false;
   bool sinks = false;  // Options::sinks, one logit per query head
   Slopes alibi = Slopes::none;
+  bool left_padded = false;  // Options::key_starts, sequence b's keys from a start drawn in [0, S]
 
   // The shapes, the mask and every Scoring field (so a new field shows in every test's trace).
   std::string describe() const {
     std::string s = "B" + std::to_string(batch) + " Hq" + std::to_string(q_heads) + " Hkv" + std::to_string(kv_heads) +
                     " L" + std::to_string(q_len) + " S" + std::to_string(k_len) + " Dqk" + std::to_string(qk_dim) +
                     " Dv" + std::to_string(v_dim) + " mask " + name_of(mask);
-    describe_fields(scoring, "", s);
+    describe_fields(scoring, s);
     if (need_weights) s += " need_weights";
     if (sinks) s += " sinks";
     if (alibi != Slopes::none) s += alibi == Slopes::heads ? " alibi(Hq)" : " alibi(B,Hq)";
+    if (left_padded) s += " key_starts";
     return s;
   }
 };
@@ -160,6 +155,7 @@ struct Inputs {
   Tensor<float> q, k, v, dout;
   std::optional<Tensor<bool>> attend;
   std::optional<Tensor<float>> additive, sinks, alibi_slopes;
+  std::optional<Tensor<int64_t>> key_starts;
 };
 
 inline Inputs make_inputs(const Case& c, uint64_t seed) {
@@ -226,6 +222,13 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
     for (auto& x : in.alibi_slopes->values()) x = static_cast<float>(gen.uniform());
     (*in.alibi_slopes)[0] = -0.25f;
   }
+  // Left padding: the first sequence's keys start a third of the way in, the others anywhere in
+  // [0, S] (S: a sequence of padding alone).
+  if (c.left_padded) {
+    in.key_starts = Tensor<int64_t>(Shape{B});
+    for (int64_t b = 0; b < B; ++b)
+      (*in.key_starts)[b] = b == 0 ? S / 3 : std::min<int64_t>(S, static_cast<int64_t>(gen.uniform() * (S + 1)));
+  }
   return in;
 }
 
@@ -258,6 +261,7 @@ Options<T> options_of(const Case& c, const Inputs& in, Backend backend, Held<T>&
   if (held.additive) opt.additive_mask = *held.additive;
   if (held.sinks) opt.sinks = *held.sinks;
   if (held.alibi_slopes) opt.alibi_slopes = *held.alibi_slopes;
+  if (in.key_starts) opt.key_starts = *in.key_starts;
   opt.need_weights = c.need_weights;
   opt.backend = backend;
   return opt;
@@ -281,7 +285,7 @@ Results<T> run(const Case& c, const Inputs& in, Backend backend) {
 }
 
 // The sweeps' variety: masks (none to both), causality, GQA heads, dropout, scale, sliding
-// windows, soft-caps, sinks and ALiBi slopes cycle with the case number, so that each appears with short, ragged and long sequences.
+// windows, soft-caps, chunks, sinks, ALiBi slopes and left padding cycle with the case number, so that each appears with short, ragged and long sequences.
 inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int64_t>* heads, int head_choices) {
   c.batch = 1 + case_number % 2;
   std::tie(c.q_heads, c.kv_heads) = heads[case_number % head_choices];
@@ -303,6 +307,10 @@ inline void vary_options(Case& c, int case_number, const std::pair<int64_t, int6
   c.sinks = case_number % 4 == 1;
   if (case_number % 9 == 2) c.alibi = Slopes::heads;
   if (case_number % 9 == 6) c.alibi = Slopes::batch_heads;
+  // Chunks (Llama 4's): shorter than a tile and longer; left padding, alone and under them.
+  if (case_number % 17 == 8) c.scoring.chunk_size = 40;
+  if (case_number % 17 == 13) c.scoring.chunk_size = 5;
+  c.left_padded = case_number % 19 == 6 || case_number % 17 == 13;
 }
 
 // A contiguous copy of a view (any strides).

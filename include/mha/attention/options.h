@@ -13,6 +13,8 @@
 // at the caller's memory. Adding an attention variant: docs/architecture.md, the last section.
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <type_traits>
 
 #include "mha/core/view.h"
 
@@ -83,11 +85,19 @@ struct Scoring {
   // Logit soft-capping (Gemma 2; FlashAttention's softcap): scale·q·k becomes c·tanh(scale·q·k / c)
   // before anything is added to it (masks, ALiBi); 0 = none, else a finite c > 0.
   double softcap = 0.0;
+  // Chunked attention (Llama 4's attention_chunk_size, FlashAttention-3's attention_chunk): the keys
+  // fall into chunks of C = chunk_size positions, [0, C), [C, 2C), ..., and query i sees only the
+  // chunk holding its own key i + diagonal (the diagonal as for the window), on top of causality
+  // and the window; 0 = no chunks. Positions are each sequence's own (key_starts, cu_seqlens), so a
+  // left-padded sequence's chunks start at its first key, as transformers' chunked_overlay aligns
+  // them. Like the window, keys outside the chunk cost nothing.
+  int64_t chunk_size = 0;
 
   bool operator==(const Scoring&) const = default;
-  // Every field, in order, as (name, member pointer): the one list that the argument checks
-  // (attention.cpp), the context-parallel agreement check, the Python binding and the tests'
-  // descriptions walk. A new setting is a field here and a line in this list.
+  // Every field, in order, as (name, member pointer): the one list that the context-parallel
+  // agreement check, the Python binding (and from it every Python door), the goldens' metadata
+  // and the tests' descriptions walk (for_each_field). A new setting is a field here and a line in
+  // this list.
   template <class Visitor>
   static constexpr void visit_fields(Visitor&& v) {
     v("causal", &Scoring::causal);
@@ -98,8 +108,25 @@ struct Scoring {
     v("window_left", &Scoring::window_left);
     v("window_right", &Scoring::window_right);
     v("softcap", &Scoring::softcap);
+    v("chunk_size", &Scoring::chunk_size);
   }
 };
+
+// f(name, field) for every plain field of a settings struct (its visit_fields list), a nested
+// struct's fields by their own list as "outer.inner": the one walk over the list, for settings
+// const or not.
+template <class Settings, class F>
+void for_each_field(Settings& settings, F&& f, const std::string& prefix = {}) {
+  std::remove_const_t<Settings>::visit_fields([&](const char* name, auto member) {
+    auto& value = settings.*member;
+    using V = std::remove_cvref_t<decltype(value)>;
+    if constexpr (requires { V::visit_fields([](const char*, auto) {}); }) {
+      for_each_field(value, f, prefix + name + ".");
+    } else {
+      f(prefix + name, value);
+    }
+  });
+}
 
 template <class T>
 struct Options : Scoring {
@@ -119,6 +146,12 @@ struct Options : Scoring {
   // at its sequence's length, where a mask would be read key by key.
   View<const int64_t> query_lengths;
   View<const int64_t> key_lengths;
+  // Left padding (FlashAttention's cache_leftpad), (B) or absent: sequence b's keys begin at key
+  // key_starts[b] (in [0, its key length]); the keys before it are padding, seen by no query. The
+  // sequence's own positions begin there: with bottom-right causality its queries are aligned on
+  // its last key, so a left-padded batch (transformers' generate()) needs no mask; windows,
+  // chunks and ALiBi distances are measured in them.
+  View<const int64_t> key_starts;
   // Packed variable-length sequences (FlashAttention's cu_seqlens_q / cu_seqlens_k, padding-free
   // batches): the call has batch 1 and its N sequences back to back along L and S; sequence s has
   // queries [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and keys [cu_seqlens_k[s], cu_seqlens_k[s + 1]),
@@ -145,6 +178,25 @@ struct Options : Scoring {
   // Also return the (B, Hq, L, S) probabilities (after dropout, as PyTorch's MHA returns them).
   bool need_weights = false;
   Backend backend = Backend::automatic;
+
+  // Every typed view, in order, as (name, member pointer): the typed half's one list, beside
+  // Scoring::visit_fields. The element type tells what a view holds: bool, T (the call's element
+  // type) or int64_t (lengths and offsets). The Python binding takes the views in this order and
+  // exports the list, from which every Python door's keywords, the torch operators' schemas and
+  // their autograd are built; a half call's float copy and the call's overlap check walk it too.
+  // A new per-head or per-sequence input is a member here and a line in this list.
+  template <class Visitor>
+  static constexpr void visit_views(Visitor&& v) {
+    v("attend_mask", &Options::attend_mask);
+    v("additive_mask", &Options::additive_mask);
+    v("query_lengths", &Options::query_lengths);
+    v("key_lengths", &Options::key_lengths);
+    v("key_starts", &Options::key_starts);
+    v("cu_seqlens_q", &Options::cu_seqlens_q);
+    v("cu_seqlens_k", &Options::cu_seqlens_k);
+    v("sinks", &Options::sinks);
+    v("alibi_slopes", &Options::alibi_slopes);
+  }
 };
 
 // Query i's own key is key i + causal_diagonal(...) (of a sequence of query_len queries and key_len
@@ -161,8 +213,8 @@ struct KeyRange {
 
 // The one definition of which keys a query sees (the masks aside): the union of the ranges of
 // queries [first_query, end_query) of a sequence of query_len queries and key_len keys, by the
-// causal alignment and the window (each query's range is its predecessor's shifted by one key, so
-// the union runs from the first query's begin to the last one's end). Positions are the whole
+// causal alignment, the window and the chunks (both ends of a query's range never decrease from
+// one query to the next, so the union runs from the first query's begin to the last one's end). Positions are the whole
 // call's; queries at or past query_len (padding) see nothing. Every backend's key walk, the tiles' edges and
 // the context-parallel schemes' skipping of hidden blocks ask this function.
 KeyRange visible_keys(const Scoring& s, int64_t query_len, int64_t key_len, int64_t first_query, int64_t end_query);
