@@ -1,8 +1,8 @@
 """An attention call's variants, from mha's own two lists: the plain settings of
 mha::attention::Scoring (Scoring::visit_fields) and the typed views of Options (Options::visit_views),
 both exported by the binding. Every Python door is built from here: the keywords of the numpy
-functions, of mha.torch's functions and of FlashAttention-2's, the torch operators' schemas, fakes
-and autograd, and mha.transformers' call. A new Scoring field or view reaches them all with no edit
+functions, of mha.torch's functions and of FlashAttention-2's, and the torch operators' schemas,
+fakes and autograd (mha.transformers still names the variants it sends). A new Scoring field or view reaches them all with no edit
 in the Python package (docs/architecture.md, "Adding an attention variant").
 
 Inside the package a call's variants are one dict keyed by the C++ names (window_left,
