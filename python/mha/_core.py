@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _fields, _mha
-from ._fields import ArgumentError, ArgumentTypeError, check_window
+from ._fields import ArgumentError, ArgumentTypeError
 
 CAUSAL = ("none", "top_left", "bottom_right")
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

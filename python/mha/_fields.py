@@ -27,6 +27,7 @@ MASKS = ("attend_mask", "additive_mask")
 _DEFAULTS = _mha.Scoring()
 # The plain settings beside SDPA's: (name, default).
 SETTINGS = tuple((name, getattr(_DEFAULTS, name)) for name in _mha.scoring_fields() if name not in _SDPA_FIELDS)
+SETTING_NAMES = frozenset(name for name, _ in SETTINGS)
 # Every typed view, masks included, in the binding's order: (name, kind), kind "bool", "value"
 # (the query's dtype) or "index" (int32/int64 lengths and offsets, taken as int64).
 ALL_VIEWS = tuple(_mha.views())
@@ -84,8 +85,10 @@ def variants(keywords, where):
     for name, value in keywords.items():
         if name == "window_size":
             out["window_left"], out["window_right"] = check_window(value)
+        elif name in SETTING_NAMES and name not in _WINDOW:
+            out[name] = _setting(name, value)
         elif name in DEFAULTS and name not in _WINDOW:
-            out[name] = value if value is None or name not in dict(SETTINGS) else _setting(name, value)
+            out[name] = value
         else:
             raise ArgumentTypeError(f"{where}() got an unexpected keyword argument {name!r} (mha's variants: "
                                     f"{', '.join(KEYWORDS)})")

@@ -274,8 +274,8 @@ def _attention(query, key, value, mask, dropout_p, causal, scale, enable_gqa, va
 def _check_variants_run(reason, variants):
     """Every variant but the window (a mask for PyTorch) exists in mha alone: inputs mha cannot run
     are refused when one is given."""
-    given = [name for name, x in variants.items()
-             if name not in ("window_left", "window_right") and x is not None and x != _fields.DEFAULTS[name]]
+    given = [name for name, x in variants.items() if name not in ("window_left", "window_right") and x is not None
+             and (name not in _fields.SETTING_NAMES or x != _fields.DEFAULTS[name])]
     if given and reason is not None:
         raise _core.ArgumentError(f"{', '.join(given)}: mha runs these only on floating-point CPU tensors, and "
                                   f"PyTorch's attention, which takes the rest, has no such argument; got {reason}")

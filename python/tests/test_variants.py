@@ -376,5 +376,10 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
         mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=-2)
     with pytest.raises(mha.ArgumentTypeError, match="chunk_size: expected an integer"):
         mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=2.5)
+    # Inputs mha cannot run go to PyTorch's SDPA, which has none of these: refused by their names
+    # (the lengths an array, whose truth is not a bool).
+    with pytest.raises(mha.ArgumentError, match="chunk_size, key_lengths: mha runs these only on floating-point"):
+        mha.torch.scaled_dot_product_attention(*(x.to(torch.int32) for x in (q, k, v)), chunk_size=C,
+                                               key_lengths=ends.numpy())
     with pytest.raises(mha.ArgumentTypeError, match="unexpected keyword argument 'chunk'"):
         mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk=2)

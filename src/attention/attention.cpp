@@ -85,13 +85,14 @@ WholeCall whole_call(WholeCall w, const Problem& p) {
 // Options::query_lengths or key_lengths: absent, or one per sequence with sequence b's in
 // [0, whole(b)].
 template <class Whole>
-SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t sequences, const char* name, Whole whole) {
+SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t sequences, const char* name, Whole whole,
+                                 const char* what = "lengths") {
   if (!lengths.defined()) return {};
-  check(lengths.dim() == 1 && lengths.size(0) == sequences, name, ": expected a 1-D tensor of ", sequences,
-        " lengths (one per sequence), got shape ", lengths.shape());
+  check(lengths.dim() == 1 && lengths.size(0) == sequences, name, ": expected a 1-D tensor of ", sequences, " ", what,
+        " (one per sequence), got shape ", lengths.shape());
   for (int64_t b = 0; b < sequences; ++b) {
     const int64_t n = lengths.data()[b * lengths.stride(0)];
-    check(n >= 0 && n <= whole(b), name, ": expected lengths in [0, ", whole(b), "], got ", n, " for sequence ", b);
+    check(n >= 0 && n <= whole(b), name, ": expected ", what, " in [0, ", whole(b), "], got ", n, " for sequence ", b);
   }
   return {lengths.data(), lengths.stride(0)};
 }
@@ -187,7 +188,7 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   // Each start at most its sequence's key length (where its keys end).
   p.key_starts = sequence_lengths(options.key_starts, sequences, "key_starts", [&](int64_t b) {
     return p.key_lengths.of(b, p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len);
-  });
+  }, "starts");
   return p;
 }
 

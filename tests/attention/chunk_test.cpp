@@ -18,7 +18,6 @@
 #include "../support/assertions.h"
 #include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
-#include "mha/core/simd.h"
 
 namespace mha::attention {
 namespace {
@@ -63,12 +62,7 @@ void expect_twin_bitwise(const Case& c, uint64_t seed, Backend backend) {
   twin.scoring.causal = Causal::none;
   twin.scoring.window_left = twin.scoring.window_right = -1;
   twin.scoring.chunk_size = 0;
-  const Results<T> got = run<T>(c, in, backend), want = run<T>(twin, twin_in, backend);
-  EXPECT_TRUE(bitwise_equal(got.fwd.output, want.fwd.output)) << "output " << max_diff(got.fwd.output, want.fwd.output);
-  EXPECT_TRUE(bitwise_equal(got.fwd.logsumexp, want.fwd.logsumexp)) << "logsumexp";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_query, want.grads.grad_query)) << "grad_query";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_key, want.grads.grad_key)) << "grad_key";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_value, want.grads.grad_value)) << "grad_value";
+  expect_same_bits(run<T>(c, in, backend), run<T>(twin, twin_in, backend));
 }
 
 // Chunks: one key, shorter than a tile, longer than one, past the sequence.
@@ -123,38 +117,24 @@ TEST(Chunk, TransformersChunkedOverlayOnALeftPaddedBatch) {
     twin.scoring.causal = Causal::none;
     twin.scoring.chunk_size = 0;
     SCOPED_TRACE("C " + std::to_string(C));
-    const Results<double> got = run<double>(c, in, Backend::reference), want = run<double>(twin, twin_in, Backend::reference);
-    EXPECT_TRUE(bitwise_equal(got.fwd.output, want.fwd.output));
-    EXPECT_TRUE(bitwise_equal(got.grads.grad_key, want.grads.grad_key));
+    expect_same_bits(run<double>(c, in, Backend::reference), run<double>(twin, twin_in, Backend::reference));
   }
 }
 
 // cpu_flash (and decode for L <= 16) against the reference on every SIMD target.
 TEST(Chunk, FusedBackendsMatchTheReferenceOnEveryTarget) {
-  const std::vector<std::string> targets = simd_targets();
-  ASSERT_FALSE(targets.empty());
-  FlashRule flash{"cpu_flash"}, decode{"decode"};
-  for (const std::string& target : targets) {
-    SCOPED_TRACE("target " + target);
-    const ScopedSimdTarget pin(target);
-    uint64_t seed = 7000;
-    int n = 0;
-    for (const Case& shape : shapes())
-      for (int64_t chunk : kChunks) {
-        Case c = shape;
-        c.scoring.causal = static_cast<Causal>(n % 3);
-        c.scoring.chunk_size = chunk;
-        c.left_padded = n % 2 == 1;
-        c.mask = n % 3 == 0 ? MaskKind::additive_2d : MaskKind::none;
-        c.need_weights = n % 7 == 0;
-        ++n;
-        check_against_reference(Backend::cpu_flash, c, seed, flash);
-        if (c.q_len <= 16 && !c.need_weights) check_against_reference(Backend::decode, c, seed, decode);
-        ++seed;
-      }
-  }
-  std::cout << "[chunk] largest fraction of the allowed error: cpu_flash " << flash.worst_fraction << ", decode "
-            << decode.worst_fraction << "\n";
+  std::vector<Case> cases;
+  for (const Case& shape : shapes())
+    for (int64_t chunk : kChunks) {
+      const int n = static_cast<int>(cases.size());
+      Case& c = cases.emplace_back(shape);
+      c.scoring.causal = static_cast<Causal>(n % 3);
+      c.scoring.chunk_size = chunk;
+      c.left_padded = n % 2 == 1;
+      c.mask = n % 3 == 0 ? MaskKind::additive_2d : MaskKind::none;
+      c.need_weights = n % 7 == 0;
+    }
+  expect_fused_backends_match_reference(cases, 7000, "chunk");
 }
 
 // A chunk that holds every position of the call is no chunk: the same walk, the same bits.
@@ -182,10 +162,13 @@ TEST(Chunk, BadSettingsAreRefused) {
   Inputs in = make_inputs(c, 1);
   in.key_starts = Tensor<int64_t>(Shape{2}, {int64_t{0}, int64_t{8}});
   expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
-               "key_starts: expected lengths in [0, 7], got 8 for sequence 1");
+               "key_starts: expected starts in [0, 7], got 8 for sequence 1");
+  in.key_starts = Tensor<int64_t>(Shape{2}, {int64_t{-1}, int64_t{0}});
+  expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
+               "key_starts: expected starts in [0, 7], got -1 for sequence 0");
   in.key_starts = Tensor<int64_t>(Shape{3}, {int64_t{0}, int64_t{1}, int64_t{2}});
   expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
-               "key_starts: expected a 1-D tensor of 2 lengths (one per sequence), got shape [3]");
+               "key_starts: expected a 1-D tensor of 2 starts (one per sequence), got shape [3]");
 }
 
 }  // namespace

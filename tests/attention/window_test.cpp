@@ -17,7 +17,6 @@
 #include "../support/assertions.h"
 #include "../support/attention_cases.h"
 #include "mha/attention/attention.h"
-#include "mha/core/simd.h"
 
 namespace mha::attention {
 namespace {
@@ -64,12 +63,7 @@ void expect_twin_bitwise(const Case& c, const Tensor<bool>& mask, uint64_t seed,
   Case twin = c;
   twin.scoring.causal = Causal::none;
   twin.scoring.window_left = twin.scoring.window_right = -1;
-  const Results<T> got = run<T>(c, in, backend), want = run<T>(twin, twin_in, backend);
-  EXPECT_TRUE(bitwise_equal(got.fwd.output, want.fwd.output)) << "output " << max_diff(got.fwd.output, want.fwd.output);
-  EXPECT_TRUE(bitwise_equal(got.fwd.logsumexp, want.fwd.logsumexp)) << "logsumexp";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_query, want.grads.grad_query)) << "grad_query";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_key, want.grads.grad_key)) << "grad_key";
-  EXPECT_TRUE(bitwise_equal(got.grads.grad_value, want.grads.grad_value)) << "grad_value";
+  expect_same_bits(run<T>(c, in, backend), run<T>(twin, twin_in, backend));
 }
 
 // Windows: one-sided, two-sided, one key, narrower than a tile, wider than one, past the sequence.
@@ -121,30 +115,18 @@ TEST(Window, HuggingFacesSlidingWindowIsWMinusOneToTheLeft) {
 // of a tile's visible columns is masked by the kernels only when a window starts a row's keys past
 // the tile's first column.
 TEST(Window, FusedBackendsMatchTheReferenceOnEveryTarget) {
-  const std::vector<std::string> targets = simd_targets();
-  ASSERT_FALSE(targets.empty());
-  FlashRule flash{"cpu_flash"}, decode{"decode"};
-  for (const std::string& target : targets) {
-    SCOPED_TRACE("target " + target);
-    const ScopedSimdTarget pin(target);
-    uint64_t seed = 5000;
-    int n = 0;
-    for (const Case& shape : shapes())
-      for (auto [left, right] : kWindows) {
-        Case c = shape;
-        c.scoring.causal = static_cast<Causal>(n % 3);
-        c.scoring.window_left = left;
-        c.scoring.window_right = right;
-        c.mask = n % 2 ? MaskKind::additive_2d : MaskKind::none;
-        c.need_weights = n % 5 == 0;
-        ++n;
-        check_against_reference(Backend::cpu_flash, c, seed, flash);
-        if (c.q_len <= 16 && !c.need_weights) check_against_reference(Backend::decode, c, seed, decode);
-        ++seed;
-      }
-  }
-  std::cout << "[window] largest fraction of the allowed error: cpu_flash " << flash.worst_fraction << ", decode "
-            << decode.worst_fraction << "\n";
+  std::vector<Case> cases;
+  for (const Case& shape : shapes())
+    for (auto [left, right] : kWindows) {
+      const int n = static_cast<int>(cases.size());
+      Case& c = cases.emplace_back(shape);
+      c.scoring.causal = static_cast<Causal>(n % 3);
+      c.scoring.window_left = left;
+      c.scoring.window_right = right;
+      c.mask = n % 2 ? MaskKind::additive_2d : MaskKind::none;
+      c.need_weights = n % 5 == 0;
+    }
+  expect_fused_backends_match_reference(cases, 5000, "window");
 }
 
 // A window that covers every key is no window: the same walk, the same bits, on every backend.

@@ -24,6 +24,7 @@
 #include "max_diff.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
+#include "mha/core/simd.h"
 #include "mha/core/view.h"
 
 namespace mha::attention::test_cases {
@@ -459,6 +460,39 @@ inline int run_sweep(Backend backend, const Sweep& sweep, FlashRule& rule) {
   std::cout << "[" << name_of(backend) << "] sweep of " << case_number
             << " cases: largest fraction of the allowed error " << rule.worst_fraction << "\n";
   return case_number;
+}
+
+// The same bits in every result of two calls (output, logsumexp, the three gradients): a variant
+// and its dense-mask twin.
+template <class T>
+void expect_same_bits(const Results<T>& got, const Results<T>& want) {
+  EXPECT_TRUE(bitwise_equal(got.fwd.output, want.fwd.output)) << "output " << max_diff(got.fwd.output, want.fwd.output);
+  EXPECT_TRUE(bitwise_equal(got.fwd.logsumexp, want.fwd.logsumexp)) << "logsumexp";
+  EXPECT_TRUE(bitwise_equal(got.grads.grad_query, want.grads.grad_query)) << "grad_query";
+  EXPECT_TRUE(bitwise_equal(got.grads.grad_key, want.grads.grad_key)) << "grad_key";
+  EXPECT_TRUE(bitwise_equal(got.grads.grad_value, want.grads.grad_value)) << "grad_value";
+}
+
+// cpu_flash, and decode where it runs (at most 16 query rows, no weights), against the reference
+// on every SIMD target the CPU runs; case n has seed first_seed + n. Prints the largest fraction
+// of the allowed error under `label`.
+inline void expect_fused_backends_match_reference(const std::vector<Case>& cases, uint64_t first_seed,
+                                                  const std::string& label) {
+  const std::vector<std::string> targets = simd_targets();
+  ASSERT_FALSE(targets.empty());
+  FlashRule flash{"cpu_flash"}, decode{"decode"};
+  for (const std::string& target : targets) {
+    SCOPED_TRACE("target " + target);
+    const ScopedSimdTarget pin(target);
+    uint64_t seed = first_seed;
+    for (const Case& c : cases) {
+      check_against_reference(Backend::cpu_flash, c, seed, flash);
+      if (c.q_len <= 16 && !c.need_weights) check_against_reference(Backend::decode, c, seed, decode);
+      ++seed;
+    }
+  }
+  std::cout << "[" << label << "] largest fraction of the allowed error: cpu_flash " << flash.worst_fraction
+            << ", decode " << decode.worst_fraction << "\n";
 }
 
 }  // namespace mha::attention::test_cases
