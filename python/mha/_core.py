@@ -355,26 +355,33 @@ def _views(dtype, layout, given, attend=None, additive=None):
     (*batch, Hq)) in the query's dtype as its bits, batch dimensions flattened; those of kind
     "index" (per-sequence lengths and starts (*batch), packed offsets (N + 1)) int32 or int64, as
     int64, batch dimensions flattened."""
+    given = {**given, "attend_mask": attend, "additive_mask": additive}
+    packed = given.get("cu_seqlens_q") is not None or given.get("cu_seqlens_k") is not None
     out = []
     for name, kind in _fields.ALL_VIEWS:
-        x = {"attend_mask": attend, "additive_mask": additive}.get(name, given.get(name))
+        x = given.get(name)
         if x is None or name in _fields.MASKS:
             out.append(x)
-            continue
-        x = _array(name, x)
-        if kind == "value":
-            if not (np.issubdtype(x.dtype, np.floating) or x.dtype == BFLOAT16):
-                raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
+        elif kind == "value":
+            x = _bits(_value_view(name, x, dtype))
             if name == "alibi_slopes":
-                _check_slopes(x, layout.batch, given.get("cu_seqlens_q") is not None or given.get("cu_seqlens_k") is not None)
-            x = _bits(np.ascontiguousarray(x, dtype=dtype))
+                _check_slopes(x, layout.batch, packed)
             out.append(x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x)
         else:
+            x = _array(name, x)
             if x.dtype not in (np.int32, np.int64):
                 raise ArgumentTypeError(f"{name}: expected int32 or int64 values, got dtype {x.dtype}")
             x = np.ascontiguousarray(x, dtype=np.int64)
             out.append(x.reshape(-1) if x.ndim > 1 else x)
     return tuple(out)
+
+
+def _value_view(name, x, dtype):
+    """A view of kind "value" (sinks, ALiBi slopes): a floating-point array, in `dtype`."""
+    x = _array(name, x)
+    if not (np.issubdtype(x.dtype, np.floating) or x.dtype == BFLOAT16):
+        raise ArgumentTypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
 def _check_slopes(slopes, batch, packed):
@@ -388,10 +395,10 @@ def _check_slopes(slopes, batch, packed):
 
 
 def _widened_variants(given, dtype):
-    """The variants of a half call run as the float call: the views of the query's dtype, in it,
-    widened."""
+    """The variants of a half call run as the float call: the views of kind "value", in the
+    query's dtype, widened."""
     kinds = dict(_fields.VIEWS)
-    return {n: _widened(np.asarray(_array(n, v), dtype=dtype)) if kinds.get(n) == "value" and v is not None else v
+    return {n: _widened(_value_view(n, v, dtype)) if kinds.get(n) == "value" and v is not None else v
             for n, v in given.items()}
 
 

@@ -341,9 +341,9 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
     i's own key i + S_b - L, and with chunks it sees only that key's chunk of C positions."""
     assert {"chunk_size", "query_lengths", "key_lengths", "key_starts"} <= set(_fields.KEYWORDS)
     assert "chunk_size" in inspect.signature(mha.scaled_dot_product_attention).parameters
-    torch.manual_seed(3)
     B, H, L, S, D, C = 3, 2, 6, 11, 8, 4
-    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64) for n in (L, S, S))
+    generator = torch.Generator().manual_seed(3)  # its own: the global stream stays as other tests leave it
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, generator=generator) for n in (L, S, S))
     starts, ends = torch.tensor([0, 2, 5]), torch.tensor([11, 9, 11])
 
     def dense(causal):
@@ -376,6 +376,10 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
         mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=-2)
     with pytest.raises(mha.ArgumentTypeError, match="chunk_size: expected an integer"):
         mha.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), chunk_size=2.5)
+    # A half call PyTorch computes in float (a float32 mask) checks the views as the half call does.
+    half = (x.numpy().astype(_core.BFLOAT16) for x in (q, k, v))
+    with pytest.raises(mha.ArgumentTypeError, match="sinks: expected a floating-point array, got dtype int64"):
+        mha.scaled_dot_product_attention(*half, attn_mask=np.zeros((L, S), np.float32), sinks=np.zeros(H, np.int64))
     # Inputs mha cannot run go to PyTorch's SDPA, which has none of these: refused by their names
     # (the lengths an array, whose truth is not a bool).
     with pytest.raises(mha.ArgumentError, match="chunk_size, key_lengths: mha runs these only on floating-point"):
