@@ -89,6 +89,10 @@ class OpenMPThreads {
   int saved_;
 };
 
+// The element type of a view of Options<T> (View<const E>): bool, T or int64_t.
+template <class V>
+using element_of = std::remove_const_t<typename std::remove_cvref_t<V>::value_type>;
+
 // What a view of Options<T> holds, for Python: "bool" (a mask), "value" (the call's element
 // type: sinks, slopes, an additive mask) or "index" (int64 lengths and offsets).
 template <class T, class E>
@@ -112,7 +116,7 @@ mha::attention::Options<T> options(const Scoring& scoring, const nb::sequence& v
   mha::attention::Options<T>::visit_views([&](const char* name, auto member) {
     const nb::handle array = views[index++];
     if (array.is_none()) return;
-    using E = std::remove_const_t<typename std::remove_cvref_t<decltype(opt.*member)>::value_type>;
+    using E = element_of<decltype(opt.*member)>;
     In<E> in;
     if (!nb::try_cast(array, in, /*convert=*/false))
       throw nb::type_error((std::string(name) + ": expected a CPU array of the element type mha takes (" +
@@ -437,8 +441,7 @@ NB_MODULE(_mha, m) {
         std::vector<std::pair<std::string, std::string>> list;
         using Float = mha::attention::Options<float>;
         Float::visit_views([&](const char* name, auto member) {
-          using E = std::remove_const_t<typename std::remove_cvref_t<decltype(Float{}.*member)>::value_type>;
-          list.emplace_back(name, view_kind<float, E>());
+          list.emplace_back(name, view_kind<float, element_of<decltype(Float{}.*member)>>());
         });
         return list;
       },
