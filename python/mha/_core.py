@@ -355,6 +355,8 @@ def _views(dtype, layout, given, attend=None, additive=None):
     (*batch, Hq)) in the query's dtype as its bits, batch dimensions flattened; those of kind
     "index" (per-sequence lengths and starts (*batch), packed offsets (N + 1)) int32 or int64, as
     int64, batch dimensions flattened."""
+    if not any(given.get(name) is not None for name, _ in _fields.VIEWS):  # the common case, per call
+        return tuple({"attend_mask": attend, "additive_mask": additive}.get(name) for name, _ in _fields.ALL_VIEWS)
     given = {**given, "attend_mask": attend, "additive_mask": additive}
     packed = given.get("cu_seqlens_q") is not None or given.get("cu_seqlens_k") is not None
     out = []

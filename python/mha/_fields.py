@@ -109,8 +109,10 @@ def scoring(causal, scale, dropout_p, dropout_seed, given):
     s.scale = scale
     s.dropout_p = float(dropout_p)
     s.dropout_seed = int(dropout_seed or 0)
-    for name, default in SETTINGS:
-        setattr(s, name, _setting(name, given.get(name, default)))
+    for name, default in SETTINGS:  # (the defaults are Scoring's own already)
+        value = given.get(name, default)
+        if value != default:
+            setattr(s, name, _setting(name, value))
     return s
 
 

@@ -81,8 +81,9 @@ def _named(values, keywords=None):
 
 
 def _variants(values, keywords):
-    """The variants dict of an operator's arguments (tensors as arrays)."""
-    return {name: _numpy(v) if isinstance(v, Tensor) else v for name, v in _named(values, keywords).items()}
+    """The variants an operator's arguments give (tensors as arrays; absent views left out)."""
+    given = {**dict(zip(_fields.NAMES, values)), **keywords}
+    return {name: _numpy(v) if isinstance(v, Tensor) else v for name, v in given.items() if v is not None}
 
 
 torch.library.define("mha::sdpa_forward", _fields.schema(_SDPA_SCHEMA, "(Tensor, Tensor)"))
