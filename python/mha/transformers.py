@@ -6,14 +6,20 @@
 
 Importing this module registers two functions under the name "mha": `attention_forward` with
 transformers' AttentionInterface and `attention_mask` with its AttentionMaskInterface. The mask
-function hands the attention function the padding alone, as the 2-D (batch, keys) bool mask
-transformers builds for FlashAttention (all True when nothing is padded), never a dense
-(batch, 1, queries, keys) mask: causality, the sliding window, the soft-cap, the sinks and packed
-sequences are the attention call's own settings, and mha skips the keys outside them (a window of
-W keys costs O(L·W), not O(L²)). The mask's causality and window are read off the mask function
-transformers composes and kept on the mask (an attribute, which torch.compile traces too); the
-attention function takes them from there (the modules' own is_causal and sliding_window are wrong
-in some models that only ran eager).
+function returns the 2-D (batch, keys) bool padding mask transformers builds for FlashAttention
+(all True when nothing is padded), never a dense (batch, 1, queries, keys) one: causality, the
+sliding window, Llama 4's chunks, the soft-cap, the sinks and packed sequences are the attention
+call's own settings, and mha skips the keys outside them (a window of W keys costs O(L·W), not
+O(L²)). The padding itself goes to mha as lengths, not as a mask: each row's run of real tokens
+is its sequence's `key_starts` (left padding, negative for a sliding-window cache that let the
+first keys go, so that chunks count from where the sequence began) and `key_lengths` (right
+padding, with `query_lengths` where the alignment of causality, a window or chunks needs it: a
+padded query gives 0, as under FlashAttention). Only a row whose real tokens are not one run
+(a padded prompt continued by generate()), or a mask whose values torch.compile cannot look at,
+is also applied as a (batch, 1, 1, keys) mask. The mask's causality, window, chunk and lengths
+are read off the mask function transformers composes and kept on the mask (an attribute, which
+torch.compile traces too); the attention function takes them from there (the modules' own
+is_causal and sliding_window are wrong in some models that only ran eager).
 
 What the attention function takes, as transformers' models send it (docs/transformers.md):
 `scaling`, `dropout` (the models pass 0 outside training), the mask's causality (else
@@ -26,13 +32,14 @@ mask packs), T5's `position_bias` (added as a float mask). It returns (B, L, H, 
 transformers expects, and with `output_attentions=True` the attention weights (B, Hq, L, S) as
 eager attention returns them (after dropout, without the sinks' column), computed by a second
 pass that builds them (O(L·S) memory) and carries no gradient. A model whose mask has a part mha
-cannot turn into these settings (Gemma 3's bidirectional image blocks, Llama 4's chunks, a custom
-mask function) is refused by the mask function with an error naming the model and the part, and
+cannot turn into these settings (Gemma 3's bidirectional image blocks, a custom mask function) is
+refused by the mask function with an error naming the model and the part, and
 arguments mha has no setting for (a sparse indexer's `indices`, `block_indices`, per-token
 `sinks`, a `position_bias` that needs a gradient) by the attention function; a 4-D mask the
 caller built is applied as it is.
 """
 
+import sys
 import warnings
 
 import torch
@@ -50,10 +57,12 @@ __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 NAME = "mha"
 
 # The mask functions transformers composes that the attention call's settings express: causality
-# (or none), the sliding windows, the padding (the 2-D mask) and packed sequences (position_ids).
+# (or none), the sliding windows, Llama 4's chunks (their left padding is the 2-D mask's), the
+# padding (the 2-D mask) and packed sequences (position_ids).
 _EXPRESSED = {
     "causal_mask_function",
     "bidirectional_mask_function",
+    "chunked_overlay.<locals>.inner_mask",
     "sliding_window_overlay.<locals>.inner_mask",
     "sliding_window_bidirectional_overlay.<locals>.inner_mask",
     "padding_mask_function.<locals>.inner_mask",
@@ -65,9 +74,18 @@ _AND = {"and_masks.<locals>.and_mask", "remap_positions_for_packed_sequence.<loc
         "add_offsets_to_mask_function.<locals>.inner_mask"}
 
 
+def _name(function):
+    """A mask function's qualified name (its code's: torch.compile does not trace the __qualname__ of
+    a function closing over a tensor, chunked_overlay's)."""
+    code = getattr(function, "__code__", None)
+    if code is not None and sys.version_info >= (3, 11):
+        return code.co_qualname
+    return getattr(function, "__qualname__", type(function).__name__)
+
+
 def _parts(function):
     """The mask functions `function` is built from (the parts of its and_masks): (name, function)."""
-    name = getattr(function, "__qualname__", type(function).__name__)
+    name = _name(function)
     if name not in _AND:
         return [(name, function)]
     inner = []
@@ -87,17 +105,26 @@ _READ_DENSE = {
 }
 
 # What the mask function knows about each mask it returns, kept on the mask as an attribute
-# (which torch.compile traces and guards like any other Python value): ((causal, window, packed),
-# padded), the first None when no mask function was given. packed: "transformers" when transformers
-# found packed sequences in the position ids (its packed_sequence_mask_function is a part), any
-# batch; "flash" when no 2-D mask was given, where FlashAttention's integration finds them in a
-# batch of one (with a cache too: DataCollatorWithFlattening's training); else None. The attention
+# (which torch.compile traces and guards like any other Python value): ((causal, window, packed,
+# chunk), lengths, dense, source), the first None when no mask function was given; lengths, the
+# padding as mha's views (_lengths); dense, whether the mask is applied too; source, the 2-D mask
+# it was cut from (None for none), for a model that hands the mask generate() built back to the
+# mask function (Mistral's). packed: the offsets (cu_seqlens, the rows one after another) of the
+# sequences transformers found packed in the position ids (its packed_sequence_mask_function is a
+# part; any batch, and models that do not hand their attention the position ids: Llama 4's);
+# "flash" when no 2-D mask was given, where FlashAttention's integration finds them in the position
+# ids of a batch of one (with a cache too: DataCollatorWithFlattening's training); else None. The attention
 # function takes the causality and the window from here rather than from the module and its
 # arguments, which the eager path never reads and some models leave wrong: is_causal False on a
 # decoder's self-attention (NLLB-MoE, PEGASUS-X, Moonshine, AIMv2's text tower) or unset
 # (Splinter); sliding_window = W where the mask is |i − j| <= W (T5Gemma's encoder; ModernBERT
 # passes W + 1, FlashAttention's convention).
 _SETTINGS = "_mha_mask_settings"
+
+
+def _closure(function, name):
+    """The value `function` closes over under `name`."""
+    return function.__closure__[function.__code__.co_freevars.index(name)].cell_contents
 
 
 def _window(parts):
@@ -107,34 +134,66 @@ def _window(parts):
     for name, function in parts.items():
         if name in ("sliding_window_overlay.<locals>.inner_mask",
                     "sliding_window_bidirectional_overlay.<locals>.inner_mask"):
-            width = function.__closure__[function.__code__.co_freevars.index("sliding_window")].cell_contents
+            width = _closure(function, "sliding_window")
             side = int(width) - 1 if name.startswith("sliding_window_overlay") else int(width)
             return side, side
     return None
 
 
-def _remember(mask, settings, padded):
-    setattr(mask, _SETTINGS, (settings, padded))
+def _chunk(parts):
+    """chunk_size of the mask's chunked_overlay (Llama 4), or 0. Its left padding, the leading
+    zeros of the 2-D mask, is where _lengths starts each sequence."""
+    function = parts.get("chunked_overlay.<locals>.inner_mask")
+    return int(_closure(function, "chunk_size")) if function is not None else 0
+
+
+def _lengths(mask, q_length, kv_offset, written, aligned, chunked):
+    """The padding of the 2-D `mask` (batch, columns from position 0, the call's keys being its
+    columns [kv_offset, kv_offset + written)) as mha's views, and whether a row's real tokens are not
+    one run (so that the mask must be applied too): key_starts, the first real token (transformers'
+    left padding) from the call's first key, negative for a sequence begun before it (kept only where
+    chunks count from there); key_lengths, past the last real one; query_lengths (`aligned`: the
+    queries are the mask's last columns and causality, a window or chunks align them) the queries
+    before it, those past it being padding. Views with nothing to say are left out (not under
+    torch.compile, which cannot look at their values)."""
+    mask = mask[:, :kv_offset + written]
+    columns = mask.shape[1]
+    first = (mask.cumsum(-1) == 0).sum(-1)  # the leading zeros (columns for a row of padding alone)
+    end = torch.maximum(first, columns - (mask.flip(-1).cumsum(-1) == 0).sum(-1))
+    holes = (mask.sum(-1) != end - first).any()
+    key_lengths = (end - kv_offset).clamp(0, written)
+    key_starts = torch.minimum(first - kv_offset if chunked else (first - kv_offset).clamp(min=0), key_lengths)
+    views = {"key_starts": key_starts, "key_lengths": key_lengths}
+    if aligned:
+        views["query_lengths"] = (q_length - (written - key_lengths)).clamp(0, q_length)
+    if torch.compiler.is_compiling():
+        return views, True
+    trivial = {"key_starts": 0, "key_lengths": written, "query_lengths": q_length}
+    return {name: view for name, view in views.items() if not bool((view == trivial[name]).all())}, bool(holes)
+
+
+def _remember(mask, settings, lengths, dense, source):
+    setattr(mask, _SETTINGS, (settings, lengths, dense, source))
     return mask
 
 
 def _known_mask(mask):
-    """(settings, padded) of a mask the mask function returned, settings (causal, window, packed)
-    or None; or None for any other mask."""
+    """(settings, lengths, dense, source) of a mask the mask function returned, settings (causal,
+    window, packed, chunk) or None; or None for any other mask."""
     return getattr(mask, _SETTINGS, None) if mask is not None else None
 
 
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask=None, **kwargs):
     """transformers' AttentionMaskInterface function for "mha": the 2-D padding mask (batch, keys),
-    bool, True for a real token, its last kv_length columns (a sliding-window cache holds the
-    last keys); all True when nothing is padded; shorter than kv_length when a causal layer's
-    cache has slots past the last query (a static cache not yet full: the keys written, so that
-    the attention call cuts the rest, its causality being aligned on the last key it is given).
-    Each mask carries its causality and window for the attention function (an attribute, traced
-    by torch.compile too), and whether it pads anything (under torch.compile, which cannot look at
-    its values, a given padding mask is taken as padding). Raises mha.ArgumentError for a mask
-    with a part the attention call cannot express (the model and the part named)."""
+    bool, True for a real token, its columns [kv_offset, kv_offset + kv_length) (a sliding-window
+    cache holds the last keys); all True when nothing is padded; shorter than kv_length when a
+    causal layer's cache has slots past the last query (a static cache not yet full: the keys
+    written, so that the attention call cuts the rest, its causality being aligned on the last key
+    it is given). Each mask carries its causality, window and chunk for the attention function,
+    and its padding as mha's lengths (_lengths), with whether it must be applied too (an
+    attribute, traced by torch.compile too). Raises mha.ArgumentError for a mask with a part the
+    attention call cannot express (the model and the part named)."""
     parts = dict(_parts(mask_function)) if mask_function is not None else {}
     unexpressed = [name for name in parts if name not in _EXPRESSED]
     model = getattr(kwargs.get("config"), "model_type", None) or "this model"
@@ -147,19 +206,28 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
             f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
-    causal = "causal_mask_function" in parts
-    packed = ("transformers" if "packed_sequence_mask_function.<locals>.inner_mask" in parts
-              else "flash" if attention_mask is None else None)
-    settings = (causal, _window(parts), packed) if mask_function is not None else None
+    own = _known_mask(attention_mask)
+    if own is not None:  # a mask this function returned, handed back: built again from its source
+        attention_mask = own[3]
+    causal, window, chunk = "causal_mask_function" in parts, _window(parts), _chunk(parts)
+    sequences = parts.get("packed_sequence_mask_function.<locals>.inner_mask")
+    packed = (_offsets(_closure(sequences, "packed_sequence_mask").expand(batch_size, -1).diff(dim=-1) != 0)
+              if sequences is not None else "flash" if attention_mask is None else None)
+    settings = (causal, window, packed, chunk) if mask_function is not None else None
+    kv_offset = int(kv_offset)
     if attention_mask is None:
         written = kv_length
         if causal and kv_length > q_length:
-            written = min(kv_length, int(q_offset) + q_length - int(kv_offset))
-        return _remember(torch.ones(batch_size, written, dtype=torch.bool), settings, padded=False)
-    mask = attention_mask[:, -kv_length:]
-    if mask.dtype != torch.bool:
-        mask = mask.bool()
-    return _remember(mask, settings, padded=torch.compiler.is_compiling() or not bool(mask.all()))
+            written = min(kv_length, int(q_offset) + q_length - kv_offset)
+        # Nothing padded: a chunked layer's sequences began kv_offset keys before the cache's first.
+        lengths = {"key_starts": torch.full((batch_size,), -kv_offset)} if chunk and kv_offset else {}
+        return _remember(torch.ones(batch_size, written, dtype=torch.bool), settings, lengths, False, None)
+    if attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask.bool()
+    mask = attention_mask[:, kv_offset:kv_offset + kv_length].contiguous()  # generate() makes it so, a copy else
+    lengths, dense = _lengths(attention_mask, q_length, kv_offset, mask.shape[1],
+                              aligned=causal or window is not None or chunk > 0, chunked=chunk > 0)
+    return _remember(mask, settings, lengths, dense, attention_mask)
 
 
 # Arguments some models send that change which keys a query sees, or what joins its softmax, in a
@@ -179,20 +247,24 @@ def _warn_once(message):
         warnings.warn(f"mha.transformers: {message} (this warning is shown once)", stacklevel=3)
 
 
+def _offsets(steps):
+    """cu_seqlens (N + 1,) of the sequences packed in (batch, length) rows, the rows taken one after
+    another: a sequence begins each row and after each True of `steps` (batch, length − 1)."""
+    batch, length = steps.shape[0], steps.shape[1] + 1
+    offsets = torch.nonzero(torch.cat([steps.new_ones(batch, 1), steps], dim=-1).reshape(-1)).reshape(-1)
+    return torch.cat([offsets, offsets.new_tensor([batch * length])]).to(torch.int64)
+
+
 def _packed_offsets(position_ids, batch, length):
-    """cu_seqlens (N + 1,) of the sequences packed in the (batch, length) rows, the rows taken one
-    after another: a sequence begins each row and wherever a row's position does not step by 1
-    (transformers' find_packed_sequence_indices; DataCollatorWithFlattening's positions restart at
-    0). None when each row is one sequence, or position_ids are not one per token."""
+    """_offsets of the sequences packed in the (batch, length) rows where a row's position does not
+    step by 1 (transformers' find_packed_sequence_indices; DataCollatorWithFlattening's positions
+    restart at 0). None when each row is one sequence, or position_ids are not one per token."""
     if position_ids.shape[-1] != length or position_ids.numel() not in (length, batch * length):
         return None
-    positions = position_ids.reshape(-1, length).expand(batch, length)
-    steps = positions.diff(dim=-1) != 1
-    starts = torch.cat([steps.new_ones(batch, 1), steps], dim=-1).reshape(-1)
-    if not torch.compiler.is_compiling() and int(starts.sum()) == batch:
+    steps = position_ids.reshape(-1, length).expand(batch, length).diff(dim=-1) != 1
+    if not torch.compiler.is_compiling() and not bool(steps.any()):
         return None
-    offsets = torch.nonzero(starts).reshape(-1)
-    return torch.cat([offsets, offsets.new_tensor([batch * length])]).to(torch.int64)
+    return _offsets(steps)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -213,17 +285,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise _core.ArgumentError(f"attn_implementation=\"mha\": {model} passes `{name}` ({what}), which mha has no "
                                       f"setting for; use attn_implementation=\"sdpa\" or \"eager\" for this model")
-    known = _known_mask(attention_mask)  # ((causal, window, packed) or None, padded)
+    known = _known_mask(attention_mask)  # ((causal, window, packed, chunk) or None, lengths, dense, source)
     settings = known[0] if known is not None else None
     if settings is not None:
         # The mask's causality before is_causal, as eager and "sdpa" apply the mask (some modules
         # pass is_causal False beside a causal mask: Moonshine's decoder, AIMv2's text tower).
-        causal, window = settings[0], settings[1] or (-1, -1)
+        causal, window, chunk = settings[0], settings[1] or (-1, -1), settings[3]
     else:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         # FlashAttention's convention, as transformers passes it
-        window = (int(sliding_window) - 1,) * 2 if sliding_window is not None else (-1, -1)
-    mask, cu_q, cu_k, full = None, None, None, key.shape[2]
+        window, chunk = (int(sliding_window) - 1,) * 2 if sliding_window is not None else (-1, -1), 0
+    mask, lengths, cu_q, cu_k, full = None, {}, None, None, key.shape[2]
     if attention_mask is not None and attention_mask.dim() == 4:  # built by the caller: applied as given
         mask, causal, window = attention_mask, False, (-1, -1)
         if mask.dtype != torch.bool and mask.dtype != query.dtype:  # an additive mask, in the model's dtype
@@ -235,19 +307,23 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         length = attention_mask.shape[1]
         if length < full:  # a static cache: the slots past the mask are not written yet
             key, value = key[:, :, :length], value[:, :, :length]
-        if known is None or known[1]:  # padding to apply (a mask of ones costs a pass for nothing)
+        if known is not None:  # the padding as lengths
+            lengths = known[1]
+        if known is None or known[2]:  # rows that are not one run of real tokens: the mask too
             mask = attention_mask[:, None, None, :]
             if mask.dtype != torch.bool:
                 mask = mask.bool()
-    # Packed sequences: the offsets given (FlashAttention's kwargs, a batch of one), or those of the
-    # position ids where transformers' mask packs them (any batch: its rows are then taken as one
-    # row) or FlashAttention's integration would (a batch of one, no 2-D mask given).
+    # Packed sequences: the offsets given (FlashAttention's kwargs, a batch of one), those of
+    # transformers' mask (any batch: its rows are then taken as one row), or those of the position
+    # ids where FlashAttention's integration finds them (a batch of one, no 2-D mask given).
     batch, heads, length = query.shape[:3]
     packing = settings[2] if settings is not None else "flash"
-    if mask is None and cu_seq_lens_q is not None and cu_seq_lens_k is not None:
+    if mask is None and not lengths and cu_seq_lens_q is not None and cu_seq_lens_k is not None:
         cu_q, cu_k = cu_seq_lens_q.to(torch.int64), cu_seq_lens_k.to(torch.int64)
-    elif (mask is None and position_ids is not None and length == key.shape[2]
-          and (packing == "transformers" or (packing == "flash" and batch == 1))):
+    elif isinstance(packing, torch.Tensor) and length == key.shape[2]:
+        cu_q = cu_k = packing
+    elif (mask is None and not lengths and position_ids is not None and length == key.shape[2]
+          and packing == "flash" and batch == 1):
         cu_q = cu_k = _packed_offsets(position_ids, batch, length)
     bias = kwargs.get("position_bias")
     if bias is not None:  # T5's relative-position bias: added to the scores, as a float mask
@@ -267,8 +343,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     rows = batch > 1 and cu_q is not None  # packed rows of a batch, attended as one row
     if rows:
         query, key, value = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[3]) for t in (query, key, value))
-    variants = {"window_left": window[0], "window_right": window[1], "softcap": float(softcap or 0.0), "sinks": sinks,
-                "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+    variants = {"window_left": window[0], "window_right": window[1], "softcap": float(softcap or 0.0),
+                "chunk_size": chunk, "sinks": sinks, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, **lengths}
     result = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
                                    scaling, True, variants, need_weights)
     output, weights = result[0], (result[2] if need_weights else None)

@@ -38,6 +38,11 @@ DECODERS = {
     "gpt_oss": (T.GptOssForCausalLM, lambda: T.GptOssConfig(**LAYERS, head_dim=16, sliding_window=5,
                                                             num_local_experts=4, num_experts_per_tok=2,
                                                             layer_types=TWO_KINDS), "eager"),
+    # Llama 4's chunked attention: chunks of 4 in its first layer (the second, without rotary
+    # embeddings, attends to every key), left padding aligning them as transformers does.
+    "llama4": (T.Llama4ForCausalLM, lambda: T.Llama4TextConfig(
+        **LAYERS, head_dim=16, attention_chunk_size=4, intermediate_size_mlp=128, num_local_experts=4,
+        num_experts_per_tok=1, no_rope_layers=[1, 0]), "sdpa"),
     # Multi-head latent attention: query and key heads of 24 (16 + 8 rotary), value heads of 12.
     "deepseek_v3": (T.DeepseekV3ForCausalLM, lambda: T.DeepseekV3Config(
         **SMALL, num_key_value_heads=4, moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
@@ -338,7 +343,7 @@ def test_greedy_generation_gives_the_eager_tokens(family):
     print(f"{family}: {near_ties} near-tie steps")
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "llama4"])
 def test_a_static_cache_gives_the_eager_tokens(family):
     """transformers' static cache holds slots not written yet past the last query: the keys are
     cut there, at the padding mask's length or, without a mask, at the keys written so far (the
@@ -371,7 +376,7 @@ def train_step(model, **inputs):
     return out.loss.double(), {name: p.grad.double().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gpt_oss", "llama4"])
 def test_training_step_and_a_packed_batch(family):
     """A training step's loss and every parameter's gradient, on a right-padded batch and on the
     same three sequences packed in one row by DataCollatorWithFlattening (padding-free: position_ids
@@ -403,6 +408,8 @@ def test_training_step_and_a_packed_batch(family):
         padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
         features = [{"input_ids": x[0].tolist()} for x in alone]
         packed = dict(DataCollatorWithFlattening()(features))  # the sequences from position_ids
+        if family == "llama4":  # its layers do not hand position_ids to attention: transformers' mask packs them,
+            packed["use_cache"] = False  # which it does without a cache
         with_offsets = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features))  # cu_seq_lens_q/k
         ref_loss, ref = train_step(reference, **padded)
         own_loss, own = train_step(own_model, **padded)
@@ -421,18 +428,22 @@ def test_training_step_and_a_packed_batch(family):
             f"{family} {name}: gradient of {p}: {ours_error:.3g} vs {own_error:.3g}"
 
 
-def test_torch_compile_has_no_graph_break():
-    """The whole model compiles into one graph (the mask function's settings ride on the mask as
-    an attribute, which torch.compile traces; the attention is mha's operator), and gives the
-    uncompiled logits."""
-    ids, mask, _, _ = batch("right")
-    model = build("mistral", "mha", torch.float32)
+@pytest.mark.parametrize("family, padding", [("mistral", "right"), ("llama4", "left")])
+def test_torch_compile_has_no_graph_break(family, padding):
+    """The whole model compiles into one graph (the mask function's settings and lengths ride on
+    the mask as an attribute, which torch.compile traces; the attention is mha's operator), and
+    gives the uncompiled logits (where the padding, whose values the compiled mask function cannot
+    look at, is applied as a mask as well as lengths)."""
+    ids, mask, _, _ = batch(padding)
+    model = build(family, "mha", torch.float32)
     explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
     assert explanation.graph_break_count == 0, [r.reason for r in explanation.break_reasons]
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
         torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
                                    model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+    if family != "mistral":
+        return
     # With output_attentions transformers' own output capture breaks the graph once, under eager
     # attention as well; the weights' operator adds no break and gives the uncompiled weights.
     weights = lambda m: m(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
@@ -444,34 +455,59 @@ def test_torch_compile_has_no_graph_break():
 
 
 def test_a_mask_mha_cannot_express_is_refused():
-    """Gemma 3's bidirectional image blocks (an or_mask of a blockwise overlay), Llama 4's chunks
-    and a mask function of one's own: an error naming the model and the part, before any
-    attention runs. Causality, windows, padding and packing pass."""
+    """Gemma 3's bidirectional image blocks (an or_mask of a blockwise overlay) and a mask function
+    of one's own: an error naming the model and the part, before any attention runs. Causality,
+    windows, chunks, padding and packing pass, the padding as lengths."""
     from transformers import masking_utils as M
     config = T.Gemma3TextConfig(**LAYERS)
     blocks = M.or_masks(M.causal_mask_function, M.blockwise_overlay(torch.zeros(1, 4, dtype=torch.long)))
-    for function, part in ((blocks, "or_masks"), (M.chunked_causal_mask_function(4, torch.zeros(1)), "chunked_overlay"),
-                           (lambda b, h, q, kv: kv <= q, "<lambda>")):
+    for function, part in ((blocks, "or_masks"), (lambda b, h, q, kv: kv <= q, "<lambda>")):
         with pytest.raises(mha.ArgumentError, match=f"gemma3_text's attention mask .*{part}"):
             mha.transformers.attention_mask(1, 4, 4, mask_function=function, config=config)
     padding = torch.tensor([[1, 1, 0, 0]])
-    # Each mask is remembered with its causality and window (j > i − 3: 2 keys before the query's
-    # own; |i − j| <= 2: 2 keys on each side).
-    for function, causal, window in (
-            (M.causal_mask_function, True, None), (M.sliding_window_causal_mask_function(3), True, (2, 2)),
-            (M.sliding_window_bidirectional_mask_function(2), False, (2, 2)), (M.bidirectional_mask_function, False, None),
-            (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True, None)):
+
+    def lengths(mask):
+        return {name: view.tolist() for name, view in mha.transformers._known_mask(mask)[1].items()}
+
+    # Each mask is remembered with its causality, window (j > i − 3: 2 keys before the query's
+    # own; |i − j| <= 2: 2 keys on each side) and chunk, and its padding as lengths: the right
+    # padding [1, 1, 0, 0] is 2 keys, and 2 queries where causality or a window aligns them.
+    for function, causal, window, chunk in (
+            (M.causal_mask_function, True, None, 0), (M.sliding_window_causal_mask_function(3), True, (2, 2), 0),
+            (M.sliding_window_bidirectional_mask_function(2), False, (2, 2), 0),
+            (M.bidirectional_mask_function, False, None, 0),
+            (M.chunked_causal_mask_function(3, torch.zeros(1)), True, None, 3),
+            (M.and_masks(M.causal_mask_function, M.padding_mask_function(padding.bool())), True, None, 0)):
         ones = mha.transformers.attention_mask(1, 4, 4, mask_function=function)
         assert torch.equal(ones, torch.ones(1, 4, dtype=torch.bool))
-        assert mha.transformers._known_mask(ones) == ((causal, window, "flash"), False)  # no 2-D mask given
+        assert mha.transformers._known_mask(ones) == ((causal, window, "flash", chunk), {}, False, None)
         given = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=padding)
-        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given) == ((causal, window, None),
-                                                                                             True)
-    # The last keys of a longer mask (a sliding-window cache); its ones when none of them is padded.
-    assert torch.equal(mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
+        assert torch.equal(given, padding.bool()) and mha.transformers._known_mask(given)[0] == (causal, window, None,
+                                                                                                chunk)
+        aligned = {"query_lengths": [2]} if causal or window else {}
+        assert lengths(given) == {"key_lengths": [2], **aligned} and not mha.transformers._known_mask(given)[2]
+        # Handed back to the mask function (as Mistral's model does with the mask generate() built):
+        # the same mask, built again from its source.
+        again = mha.transformers.attention_mask(1, 4, 4, mask_function=function, attention_mask=given)
+        assert torch.equal(again, given) and lengths(again) == lengths(given)
+    # A sliding-window cache's keys are the columns [kv_offset, kv_offset + kv_length) of the mask.
+    assert torch.equal(mha.transformers.attention_mask(1, 1, 2, kv_offset=2, attention_mask=torch.tensor([[0, 1, 1, 0]])),
                        torch.tensor([[True, False]]))
-    last = mha.transformers.attention_mask(1, 1, 2, attention_mask=torch.tensor([[0, 1, 1, 1]]))
-    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last) == (None, False)
+    last = mha.transformers.attention_mask(1, 1, 2, kv_offset=2, attention_mask=torch.tensor([[0, 1, 1, 1]]))
+    assert torch.equal(last, torch.ones(1, 2, dtype=torch.bool)) and mha.transformers._known_mask(last)[:3] == (None, {},
+                                                                                                               False)
+    # Left padding is where a sequence starts, counted from the cache's first key (and only for
+    # chunks, whose origin it is, before it: a sequence that began 2 keys before the cache's);
+    # real tokens that are not one run are applied as a mask too.
+    chunked = M.chunked_causal_mask_function(3, torch.zeros(2))
+    left = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    assert lengths(mha.transformers.attention_mask(2, 1, 4, kv_offset=2, attention_mask=left)) == {"key_starts": [1, 0]}
+    assert lengths(mha.transformers.attention_mask(2, 1, 4, kv_offset=2, mask_function=chunked, attention_mask=left)) == {
+        "key_starts": [1, -2]}
+    holes = mha.transformers.attention_mask(1, 1, 4, attention_mask=torch.tensor([[1, 0, 1, 1]]))
+    assert mha.transformers._known_mask(holes)[2] and lengths(holes) == {}
+    assert lengths(mha.transformers.attention_mask(1, 4, 4, attention_mask=torch.tensor([[0, 0, 0, 0]]))) == {
+        "key_starts": [4]}  # padding alone: no key
     # A mask the mask function did not make is not known (a copy, or one whose memory was reused).
     assert mha.transformers._known_mask(last.clone()) is None
     # Made without a mask function, the causality and the window are the module's and the

@@ -337,14 +337,15 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
     """query_lengths, key_lengths, key_starts and chunk_size reach the numpy door, mha.torch and
     FlashAttention's function with no code of their own in the package (mha._fields builds the
     keywords from the binding's lists), and equal PyTorch's SDPA given the dense mask of their
-    definition (docs/variants.md): sequence b's keys are [start, end), its positions its own, query
-    i's own key i + S_b - L, and with chunks it sees only that key's chunk of C positions."""
+    definition (docs/variants.md): sequence b's keys are [start, end) (a negative start: the
+    sequence began before the call's first key), its positions its own, query i's own key
+    i + S_b - L, and with chunks it sees only that key's chunk of C positions."""
     assert {"chunk_size", "query_lengths", "key_lengths", "key_starts"} <= set(_fields.KEYWORDS)
     assert "chunk_size" in inspect.signature(mha.scaled_dot_product_attention).parameters
     B, H, L, S, D, C = 3, 2, 6, 11, 8, 4
     generator = torch.Generator().manual_seed(3)  # its own: the global stream stays as other tests leave it
     q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, generator=generator) for n in (L, S, S))
-    starts, ends = torch.tensor([0, 2, 5]), torch.tensor([11, 9, 11])
+    starts, ends = torch.tensor([0, 2, -5]), torch.tensor([11, 9, 11])  # the third began 5 keys before the call
 
     def dense(causal):
         mask = torch.zeros(B, 1, L, S, dtype=torch.bool)
@@ -352,7 +353,7 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
             own = int(ends[b] - starts[b])
             for i in range(L):
                 diagonal = i + own - L
-                for j in range(int(starts[b]), int(ends[b])):
+                for j in range(max(int(starts[b]), 0), int(ends[b])):
                     jo = j - int(starts[b])
                     mask[b, 0, i, j] = jo // C == diagonal // C and (not causal or jo <= diagonal)
         return mask

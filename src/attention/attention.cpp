@@ -82,17 +82,18 @@ WholeCall whole_call(WholeCall w, const Problem& p) {
   return w;
 }
 
-// Options::query_lengths or key_lengths: absent, or one per sequence with sequence b's in
-// [0, whole(b)].
+// Options::query_lengths, key_lengths or key_starts: absent, or one per sequence with sequence b's
+// in [least, whole(b)].
 template <class Whole>
 SequenceLengths sequence_lengths(const View<const int64_t>& lengths, int64_t sequences, const char* name, Whole whole,
-                                 const char* what = "lengths") {
+                                 const char* what = "lengths", int64_t least = 0, const char* least_text = "0") {
   if (!lengths.defined()) return {};
   check(lengths.dim() == 1 && lengths.size(0) == sequences, name, ": expected a 1-D tensor of ", sequences, " ", what,
         " (one per sequence), got shape ", lengths.shape());
   for (int64_t b = 0; b < sequences; ++b) {
     const int64_t n = lengths.data()[b * lengths.stride(0)];
-    check(n >= 0 && n <= whole(b), name, ": expected ", what, " in [0, ", whole(b), "], got ", n, " for sequence ", b);
+    check(n >= least && n <= whole(b), name, ": expected ", what, " in [", least_text, ", ", whole(b), "], got ", n,
+          " for sequence ", b);
   }
   return {lengths.data(), lengths.stride(0)};
 }
@@ -185,10 +186,12 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   p.key_lengths = sequence_lengths(options.key_lengths, sequences, "key_lengths", [&](int64_t b) {
     return p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len;
   });
-  // Each start at most its sequence's key length (where its keys end).
+  // Each start at most its sequence's key length (where its keys end); a negative one (a sequence
+  // begun before the call's first key) only without cu_seqlens, where it would reach the previous
+  // sequence's keys, and at least -2^62 (its positions' sums kept in range).
   p.key_starts = sequence_lengths(options.key_starts, sequences, "key_starts", [&](int64_t b) {
     return p.key_lengths.of(b, p.packed.present() ? p.packed.k(b + 1) - p.packed.k(b) : s.whole_call.key_len);
-  }, "starts");
+  }, "starts", p.packed.present() ? 0 : -(int64_t{1} << 62), p.packed.present() ? "0" : "-2^62");
   return p;
 }
 

@@ -2,14 +2,15 @@
 // FlashAttention's cache_leftpad):
 //   - the reference (double and float) equals, bit for bit, the same call with the dense
 //     attend_mask their documented semantics give, built here by hand: sequence b's keys begin at
-//     p = key_starts[b] and its positions are its own (key j is j − p, S_b = S − p keys); query i's
+//     p = key_starts[b] and its positions are its own (key j is j − p, S_b = S − p keys; p < 0: the
+//     sequence began −p keys before the call's first); query i's
 //     own key is i + d (d = 0 for top-left causality, S_b − L otherwise), and it sees key j when
 //     ⌊(j − p) / C⌋ = ⌊(i + d) / C⌋, with j − p <= i + d under causality and the window as always;
 //   - transformers' chunked_overlay ((kv − pad) // C == (q − pad) // C, with causality kv <= q) on a
 //     left-padded batch is chunk_size = C with bottom-right causality and key_starts = pad;
 //   - cpu_flash and decode hold to the reference under FlashAttention's rule on every SIMD target;
 //   - a chunk as long as the sequence is no chunk, bit for bit;
-//   - a negative chunk and a start past the sequence's keys are refused.
+//   - a negative chunk, a start past the sequence's keys or below −2^62 are refused.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -162,10 +163,10 @@ TEST(Chunk, BadSettingsAreRefused) {
   Inputs in = make_inputs(c, 1);
   in.key_starts = Tensor<int64_t>(Shape{2}, {int64_t{0}, int64_t{8}});
   expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
-               "key_starts: expected starts in [0, 7], got 8 for sequence 1");
-  in.key_starts = Tensor<int64_t>(Shape{2}, {int64_t{-1}, int64_t{0}});
+               "key_starts: expected starts in [-2^62, 7], got 8 for sequence 1");
+  in.key_starts = Tensor<int64_t>(Shape{2}, {-(int64_t{1} << 62) - 1, int64_t{0}});
   expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
-               "key_starts: expected starts in [0, 7], got -1 for sequence 0");
+               "key_starts: expected starts in [-2^62, 7], got -4611686018427387905 for sequence 0");
   in.key_starts = Tensor<int64_t>(Shape{3}, {int64_t{0}, int64_t{1}, int64_t{2}});
   expect_error([&] { run_forward<float>(c, in, Backend::automatic); },
                "key_starts: expected a 1-D tensor of 2 starts (one per sequence), got shape [3]");

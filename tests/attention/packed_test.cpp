@@ -277,6 +277,10 @@ TEST(Packed, BadOffsetsAreRefused) {
   opt.key_lengths = too_many;
   expect_error([&] { sdpa_forward(q, k, v, opt); }, "key_lengths: expected lengths in [0, 4], got 5 for sequence 1");
   opt.key_lengths = {};
+  const Tensor<int64_t> before({2}, {0, -1});  // a negative start would reach the previous sequence's keys
+  opt.key_starts = before;
+  expect_error([&] { sdpa_forward(q, k, v, opt); }, "key_starts: expected starts in [0, 4], got -1 for sequence 1");
+  opt.key_starts = {};
   opt.whole_call.query_len = 12;
   expect_error([&] { sdpa_forward(q, k, v, opt); }, "options.whole_call: expected the default with cu_seqlens");
   opt.whole_call = {};

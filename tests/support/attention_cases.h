@@ -120,7 +120,7 @@ struct Case {
   bool need_weights = false;
   bool sinks = false;  // Options::sinks, one logit per query head
   Slopes alibi = Slopes::none;
-  bool left_padded = false;  // Options::key_starts, sequence b's keys from a start drawn in [0, S]
+  bool left_padded = false;  // Options::key_starts, sequence b's keys from a start drawn in [-S - 1, S]
 
   // The shapes, the mask and every Scoring field (so a new field shows in every test's trace).
   std::string describe() const {
@@ -223,12 +223,15 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
     for (auto& x : in.alibi_slopes->values()) x = static_cast<float>(gen.uniform());
     (*in.alibi_slopes)[0] = -0.25f;
   }
-  // Left padding: the first sequence's keys start a third of the way in, the others anywhere in
-  // [0, S] (S: a sequence of padding alone).
+  // Left padding: the first sequence's keys start a third of the way in, the second began d + 1
+  // keys before the call (a negative start, d drawn in [0, S]), the others anywhere in [0, S] (S:
+  // a sequence of padding alone).
   if (c.left_padded) {
     in.key_starts = Tensor<int64_t>(Shape{B});
-    for (int64_t b = 0; b < B; ++b)
-      (*in.key_starts)[b] = b == 0 ? S / 3 : std::min<int64_t>(S, static_cast<int64_t>(gen.uniform() * (S + 1)));
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t d = b == 0 ? S / 3 : std::min<int64_t>(S, static_cast<int64_t>(gen.uniform() * (S + 1)));
+      (*in.key_starts)[b] = b == 1 ? -d - 1 : d;
+    }
   }
   return in;
 }

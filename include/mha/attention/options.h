@@ -150,7 +150,9 @@ struct Options : Scoring {
   // key_starts[b] (in [0, its key length]); the keys before it are padding, seen by no query. The
   // sequence's own positions begin there: with bottom-right causality its queries are aligned on
   // its last key, so a left-padded batch (transformers' generate()) needs no mask; windows,
-  // chunks and ALiBi distances are measured in them.
+  // chunks and ALiBi distances are measured in them. A negative start (−p, without cu_seqlens)
+  // says the sequence began p keys before the call's first key (a sliding-window cache that let
+  // them go): no key is padding, and its chunks are counted from where it began.
   View<const int64_t> key_starts;
   // Packed variable-length sequences (FlashAttention's cu_seqlens_q / cu_seqlens_k, padding-free
   // batches): the call has batch 1 and its N sequences back to back along L and S; sequence s has
