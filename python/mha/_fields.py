@@ -1,8 +1,9 @@
 """An attention call's variants, from mha's own two lists: the plain settings of
 mha::attention::Scoring (Scoring::visit_fields) and the typed views of Options (Options::visit_views),
-both exported by the binding. Every Python door is built from here: the keywords of the numpy
-functions, of mha.torch's functions and of FlashAttention-2's, and the torch operators' schemas,
-fakes and autograd (mha.transformers still names the variants it sends). A new Scoring field or view reaches them all with no edit
+both exported by the binding, and a module call's views (MultiheadAttentionArgs::visit_views).
+Every Python door is built from here: the keywords of the numpy functions, of mha.torch's
+functions, of FlashAttention-2's and of mha.torch.MultiheadAttention, and the torch operators'
+schemas, fakes and autograd (mha.transformers still names the variants it sends). A new Scoring field or view reaches them all with no edit
 in the Python package (docs/architecture.md, "Adding an attention variant").
 
 Inside the package a call's variants are one dict keyed by the C++ names (window_left,
@@ -42,6 +43,17 @@ DIFFERENTIABLE = ("sinks",)
 _WINDOW = ("window_left", "window_right")
 KEYWORDS = {"window_size": (-1, -1), **{n: d for n, d in DEFAULTS.items() if n not in _WINDOW}}
 
+# A module's variants (mha.torch.MultiheadAttention): its settings, held from construction
+# (MultiheadAttentionOptions::scoring: the plain settings, and the scale, which a module has no other
+# argument for), and a call's views (MultiheadAttentionArgs::visit_views), in order: what its
+# operators take after their own arguments.
+MODULE_SETTINGS = SETTINGS + (("scale", None),)
+MODULE_VIEWS = tuple(_mha.module_views())
+MODULE_NAMES = tuple(name for name, _ in MODULE_SETTINGS) + MODULE_VIEWS
+MODULE_DEFAULTS = {**dict(MODULE_SETTINGS), **{name: None for name in MODULE_VIEWS}}
+# The constructor's keywords (window_size for the window, as the functions').
+MODULE_KEYWORDS = {"window_size": (-1, -1), **{n: d for n, d in MODULE_SETTINGS if n not in _WINDOW}}
+
 
 class ArgumentError(ValueError, RuntimeError):
     """A bad argument value or shape. Also a RuntimeError, which is what PyTorch raises for the
@@ -65,7 +77,7 @@ def check_window(window_size):
 def _setting(name, value):
     """A plain setting's value as the operators and the binding take it (int or float, as its
     default); the wrong type is an ArgumentTypeError naming it (mha checks the value)."""
-    integral = isinstance(DEFAULTS[name], int)
+    integral = isinstance(MODULE_DEFAULTS[name], int)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral if integral else numbers.Real):
         raise ArgumentTypeError(f"{name}: expected {'an integer' if integral else 'a number'}, got {value!r}")
     if integral and not -2**63 <= value < 2**63:
@@ -92,6 +104,22 @@ def variants(keywords, where):
         else:
             raise ArgumentTypeError(f"{where}() got an unexpected keyword argument {name!r} (mha's variants: "
                                     f"{', '.join(KEYWORDS)})")
+    return out
+
+
+def module_settings(keywords, where):
+    """A module's setting keywords (MODULE_KEYWORDS, any subset) as the package's dict of C++ names,
+    the types checked (a scale of None is the default 1/sqrt(head_dim)); an unknown keyword is a
+    TypeError naming it."""
+    out = {}
+    for name, value in keywords.items():
+        if name == "window_size":
+            out["window_left"], out["window_right"] = check_window(value)
+        elif name in MODULE_KEYWORDS:
+            out[name] = None if value is None and name == "scale" else _setting(name, value)
+        else:
+            raise ArgumentTypeError(f"{where}() got an unexpected keyword argument {name!r} (mha's settings: "
+                                    f"{', '.join(MODULE_KEYWORDS)})")
     return out
 
 
@@ -126,10 +154,11 @@ def signature(function):
     return function
 
 
-def schema(leading, returns):
+def schema(leading, returns, settings=SETTINGS, views=tuple(name for name, _ in VIEWS)):
     """A torch operator's schema: `leading` (its own arguments, schema text) then every variant,
-    settings as int/float with their defaults and views as optional tensors."""
+    settings as int/float with their defaults (float? for the scale) and views as optional tensors."""
     def setting(name, default):
-        return f"{'int' if isinstance(default, int) else 'float'} {name}={default!r}"
-    parts = [leading] + [setting(n, d) for n, d in SETTINGS] + [f"Tensor? {n}=None" for n, _ in VIEWS]
+        kind = "float?" if default is None else "int" if isinstance(default, int) else "float"
+        return f"{kind} {name}={default!r}"
+    parts = [leading] + [setting(n, d) for n, d in settings] + [f"Tensor? {n}=None" for n in views]
     return f"({', '.join(parts)}) -> {returns}"

@@ -89,9 +89,18 @@ class OpenMPThreads {
   int saved_;
 };
 
-// The element type of a view of Options<T> (View<const E>): bool, T or int64_t.
+// The element type of a view of Options<T> (View<const E>: bool, T or int64_t) or of a module
+// call's (MultiheadAttentionArgs: std::optional<Tensor<T>>).
 template <class V>
-using element_of = std::remove_const_t<typename std::remove_cvref_t<V>::value_type>;
+struct Element {
+  using type = std::remove_const_t<typename V::value_type>;
+};
+template <class E>
+struct Element<std::optional<mha::Tensor<E>>> {
+  using type = E;
+};
+template <class V>
+using element_of = typename Element<std::remove_cvref_t<V>>::type;
 
 // What a view of Options<T> holds, for Python: "bool" (a mask), "value" (the call's element
 // type: sinks, slopes, an additive mask) or "index" (int64 lengths and offsets).
@@ -102,27 +111,36 @@ constexpr const char* view_kind() {
   else return "index";
 }
 
-// Options<T>'s typed views from `views`, a sequence in the order of Options::visit_views (None for
-// an absent one), each array taken in place (noconvert: a wrong dtype is a TypeError naming the
-// view). Needs the GIL; the arrays stay the caller's, who holds them for the call.
-template <class T>
-mha::attention::Options<T> options(const Scoring& scoring, const nb::sequence& views) {
-  mha::attention::Options<T> opt;
-  static_cast<Scoring&>(opt) = scoring;
+// The arrays of `views`, a sequence in the order of Holder::visit_views (None for an absent one),
+// each handed to set(member, array, std::type_identity<E>{}) as given (noconvert: a wrong dtype is
+// a TypeError naming the view). Needs the GIL.
+template <class Holder, class T, class Set>
+void read_views(const nb::sequence& views, const char* what, Set&& set) {
   size_t index = 0, count = 0;
-  mha::attention::Options<T>::visit_views([&](const char*, auto) { ++count; });
-  mha::check(nb::len(views) == count, "views: expected ", count, " entries (mha's Options views, in order), got ",
+  Holder::visit_views([&](const char*, auto) { ++count; });
+  mha::check(nb::len(views) == count, "views: expected ", count, " entries (", what, ", in order), got ",
              nb::len(views));
-  mha::attention::Options<T>::visit_views([&](const char* name, auto member) {
+  Holder::visit_views([&](const char* name, auto member) {
     const nb::handle array = views[index++];
     if (array.is_none()) return;
-    using E = element_of<decltype(opt.*member)>;
+    using E = element_of<std::remove_cvref_t<decltype(std::declval<Holder&>().*member)>>;
     In<E> in;
     if (!nb::try_cast(array, in, /*convert=*/false))
       throw nb::type_error((std::string(name) + ": expected a CPU array of the element type mha takes (" +
                             view_kind<T, E>() + "), got " + nb::inst_name(array).c_str())
                                .c_str());
-    opt.*member = view<const E>(in);
+    set(member, in, std::type_identity<E>{});
+  });
+}
+
+// Options<T>'s typed views from `views` (read_views), each array taken in place: the arrays stay
+// the caller's, who holds them for the call.
+template <class T>
+mha::attention::Options<T> options(const Scoring& scoring, const nb::sequence& views) {
+  mha::attention::Options<T> opt;
+  static_cast<Scoring&>(opt) = scoring;
+  read_views<mha::attention::Options<T>, T>(views, "mha's Options views", [&](auto member, const auto& in, auto e) {
+    opt.*member = view<const typename decltype(e)::type>(in);
   });
   return opt;
 }
@@ -224,13 +242,14 @@ struct WeightArrays {
   }
 };
 
-// The module's options: the sizes are the module's; bias and add_bias_kv follow from which
-// parameters it has (multihead_attention_forward checks that the rest agree).
+// The module's options: the sizes and settings are the module's; bias and add_bias_kv follow from
+// which parameters it has (multihead_attention_forward checks that the rest agree).
 template <class T>
 mha::nn::MultiheadAttentionOptions module_options(const WeightArrays<T>& w, int64_t embed_dim, int64_t kdim,
                                                   int64_t vdim, int64_t num_heads, bool add_zero_attn,
-                                                  bool batch_first, double dropout_p) {
+                                                  bool batch_first, double dropout_p, const Scoring& scoring) {
   mha::nn::MultiheadAttentionOptions o;
+  o.scoring = scoring;
   o.embed_dim = embed_dim;
   o.kdim = kdim;
   o.vdim = vdim;
@@ -241,6 +260,20 @@ mha::nn::MultiheadAttentionOptions module_options(const WeightArrays<T>& w, int6
   o.add_zero_attn = add_zero_attn;
   o.batch_first = batch_first;
   return o;
+}
+
+// A module call's arguments, its views (MultiheadAttentionArgs::visit_views) copied from `views`.
+template <class T>
+mha::nn::MultiheadAttentionArgs<T> module_args(const std::optional<MaskArray<T>>& key_padding_mask, bool need_weights,
+                                               const std::optional<MaskArray<T>>& attn_mask, bool average_attn_weights,
+                                               bool is_causal, const nb::sequence& views) {
+  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights, module_mask<T>(attn_mask),
+                                          average_attn_weights, is_causal};
+  read_views<mha::nn::MultiheadAttentionArgs<T>, T>(views, "the module's call views",
+                                                    [&](auto member, const auto& in, auto e) {
+                                                      args.*member = tensor_copy<typename decltype(e)::type>(in);
+                                                    });
+  return args;
 }
 
 // An mha::Tensor handed to numpy: the array owns it (freed with the array), no copy. A half
@@ -263,13 +296,14 @@ nb::tuple multihead_attention_forward(
     const std::optional<In<T>>& out_proj_bias, const std::optional<MaskArray<T>>& key_padding_mask,
     const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim, int64_t vdim,
     int64_t num_heads, bool add_zero_attn, bool batch_first, bool need_weights, bool average_attn_weights,
-    bool is_causal, double dropout_p, uint64_t dropout_seed, int num_threads) {
+    bool is_causal, double dropout_p, uint64_t dropout_seed, const Scoring& scoring, const nb::sequence& views,
+    int num_threads) {
   const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight,   v_proj_weight, in_proj_bias,
                                 bias_k,         bias_v,        out_proj_weight, out_proj_bias};
   const auto options =
-      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
-  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights,
-                                          module_mask<T>(attn_mask), average_attn_weights, is_causal};
+      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p, scoring);
+  const auto args =
+      module_args<T>(key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal, views);
   mha::nn::MultiheadAttentionOutput<T> out;
   mha::nn::MultiheadAttentionCache<T> cache;
   {
@@ -296,7 +330,8 @@ nb::tuple multihead_attention_backward(
     const std::optional<In<T>>& out_proj_bias, const std::optional<MaskArray<T>>& key_padding_mask,
     const std::optional<MaskArray<T>>& attn_mask, int64_t embed_dim, int64_t kdim, int64_t vdim,
     int64_t num_heads, bool add_zero_attn, bool batch_first, bool need_weights, bool is_causal,
-    double dropout_p, uint64_t dropout_seed, const In<T>& q, const In<T>& k, const In<T>& v,
+    double dropout_p, uint64_t dropout_seed, const Scoring& scoring, const nb::sequence& views, const In<T>& q,
+    const In<T>& k, const In<T>& v,
     const In<double>& logsumexp, const In<T>& merged, const std::optional<Out<T>>& grad_in_proj_weight,
     const std::optional<Out<T>>& grad_q_proj_weight, const std::optional<Out<T>>& grad_k_proj_weight,
     const std::optional<Out<T>>& grad_v_proj_weight, const std::optional<Out<T>>& grad_in_proj_bias,
@@ -306,15 +341,14 @@ nb::tuple multihead_attention_backward(
   const WeightArrays<T> weights{in_proj_weight, q_proj_weight, k_proj_weight,   v_proj_weight, in_proj_bias,
                                 bias_k,         bias_v,        out_proj_weight, out_proj_bias};
   const auto options =
-      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p);
+      module_options(weights, embed_dim, kdim, vdim, num_heads, add_zero_attn, batch_first, dropout_p, scoring);
   const mha::nn::MultiheadAttentionWeightGradients<T> grad_views{
       optional_out<T>(grad_in_proj_weight), optional_out<T>(grad_q_proj_weight),
       optional_out<T>(grad_k_proj_weight),  optional_out<T>(grad_v_proj_weight),
       optional_out<T>(grad_in_proj_bias),   optional_out<T>(grad_bias_k),
       optional_out<T>(grad_bias_v),         optional_out<T>(grad_out_proj_weight),
       optional_out<T>(grad_out_proj_bias)};
-  mha::nn::MultiheadAttentionArgs<T> args{module_mask<T>(key_padding_mask), need_weights,
-                                          module_mask<T>(attn_mask), true, is_causal};
+  const auto args = module_args<T>(key_padding_mask, need_weights, attn_mask, true, is_causal, views);
   mha::nn::MultiheadAttentionGradients<T> out;
   {
     nb::gil_scoped_release released;
@@ -343,8 +377,10 @@ nb::tuple multihead_attention_backward(
     out = mha::nn::multihead_attention_backward<T>(options, weights.views(), view<const T>(grad_output),
                                                    saved, grad_views);
   }
+  nb::object grad_sinks = nb::none();
+  if (out.grad_sinks) grad_sinks = nb::cast(to_numpy(std::move(*out.grad_sinks)));
   return nb::make_tuple(to_numpy(std::move(out.grad_query)), to_numpy(std::move(out.grad_key)),
-                        to_numpy(std::move(out.grad_value)));
+                        to_numpy(std::move(out.grad_value)), grad_sinks);
 }
 
 // The attention calls of one element type: float32 and float64 as overloads of one name (nanobind
@@ -382,10 +418,10 @@ void define_module(nb::module_& m, const std::string& suffix) {
         "out_proj_bias"_a.noconvert().none(), "key_padding_mask"_a.noconvert().none(),
         "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a, "vdim"_a, "num_heads"_a, "add_zero_attn"_a,
         "batch_first"_a, "need_weights"_a, "average_attn_weights"_a, "is_causal"_a, "dropout_p"_a,
-        "dropout_seed"_a, "num_threads"_a,
+        "dropout_seed"_a, "scoring"_a, "views"_a, "num_threads"_a,
         "nn.MultiheadAttention's forward on these parameters: (output, attn_weights or None, q, k, v, "
-        "logsumexp, "
-        "merged), the last five for multihead_attention_backward.");
+        "logsumexp, merged), the last five for multihead_attention_backward; `scoring`: the module's settings "
+        "(MultiheadAttentionOptions::scoring), `views`: the call's in the order of module_views().");
   m.def(("multihead_attention_backward" + suffix).c_str(), &multihead_attention_backward<T>, "grad_output"_a.noconvert(),
         "query"_a.noconvert(), "key"_a.noconvert(), "value"_a.noconvert(),
         "in_proj_weight"_a.noconvert().none(), "q_proj_weight"_a.noconvert().none(),
@@ -394,16 +430,15 @@ void define_module(nb::module_& m, const std::string& suffix) {
         "out_proj_weight"_a.noconvert(), "out_proj_bias"_a.noconvert().none(),
         "key_padding_mask"_a.noconvert().none(), "attn_mask"_a.noconvert().none(), "embed_dim"_a, "kdim"_a,
         "vdim"_a, "num_heads"_a, "add_zero_attn"_a, "batch_first"_a, "need_weights"_a, "is_causal"_a,
-        "dropout_p"_a, "dropout_seed"_a, "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(),
+        "dropout_p"_a, "dropout_seed"_a, "scoring"_a, "views"_a, "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(),
         "logsumexp"_a.noconvert(), "merged"_a.noconvert(), "grad_in_proj_weight"_a.noconvert().none(),
         "grad_q_proj_weight"_a.noconvert().none(), "grad_k_proj_weight"_a.noconvert().none(),
         "grad_v_proj_weight"_a.noconvert().none(), "grad_in_proj_bias"_a.noconvert().none(),
         "grad_bias_k"_a.noconvert().none(), "grad_bias_v"_a.noconvert().none(),
         "grad_out_proj_weight"_a.noconvert().none(), "grad_out_proj_bias"_a.noconvert().none(),
         "num_threads"_a,
-        "nn.MultiheadAttention's backward: (grad_query, grad_key, grad_value); parameter gradients are added "
-        "into "
-        "the grad_* arrays given.");
+        "nn.MultiheadAttention's backward: (grad_query, grad_key, grad_value, grad_sinks or None); parameter "
+        "gradients are added into the grad_* arrays given.");
 }
 
 }  // namespace
@@ -447,6 +482,23 @@ NB_MODULE(_mha, m) {
       },
       "Options' typed views as (name, kind) in the order of Options::visit_views, kind \"bool\", \"value\" (the "
       "call's element type) or \"index\" (int64).");
+  m.def(
+      "module_views",
+      [] {
+        std::vector<std::string> names;
+        mha::nn::MultiheadAttentionArgs<float>::visit_views([&](const char* name, auto) { names.emplace_back(name); });
+        return names;
+      },
+      "A module call's views (MultiheadAttentionArgs::visit_views), in order.");
+  m.def(
+      "check_module_scoring",
+      [](const Scoring& scoring) {
+        mha::nn::MultiheadAttentionOptions o;
+        o.embed_dim = o.num_heads = 1;
+        o.scoring = scoring;
+        mha::nn::resolved_options(o);
+      },
+      "scoring"_a, "MultiheadAttention's checks of its settings (MultiheadAttentionOptions::scoring).");
   define_attention<float>(m, "");
   define_attention<double>(m, "");
   define_attention<mha::bfloat16>(m, "_bfloat16");

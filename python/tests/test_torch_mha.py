@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import mha.torch  # noqa: E402
-from mha import _mha  # noqa: E402
+from mha import _fields, _mha  # noqa: E402
 
 nn = torch.nn
 
@@ -239,17 +239,24 @@ def forward_op_samples():
     yield sample(q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
                  [None if p is None else p.float() for p in packed], batch_first=True,
                  mask=torch.ones(3, 5, dtype=torch.bool).triu(1), is_causal=True, need_weights=False)
+    # mha's variants after the module's own arguments (mha._fields.MODULE_NAMES): settings, views.
+    variants = dict(window_left=2, window_right=1, softcap=0.7, chunk_size=3, scale=0.4, sinks=make(2, seed=12),
+                    alibi_slopes=make(2, 2, seed=13).abs())
+    yield sample(q, k, v, packed) + tuple(variants[name] for name in _fields.MODULE_NAMES)
+
+
+_SINKS = 25 + _fields.MODULE_NAMES.index("sinks")  # its position among the operator's arguments
 
 
 @pytest.mark.parametrize("args", list(forward_op_samples()), ids=lambda a: "")
 def test_opcheck(args):
-    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() and i < 12
-                      else a for i, a in enumerate(args))
+    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                      and (i < 12 or i == _SINKS) else a for i, a in enumerate(args))
     torch.library.opcheck(torch.ops.mha.multihead_attention_forward, grad_args)
     results = torch.ops.mha.multihead_attention_forward(*args)
-    flags = list(args[14:])
+    flags = list(args[14:25])
     del flags[7]  # average_attn_weights: the backward does not take it
-    backward_args = (torch.randn_like(results[0]), *args[:14], *flags, *results[2:])
+    backward_args = (torch.randn_like(results[0]), *args[:14], *flags, *results[2:], *args[25:])
     torch.library.opcheck(torch.ops.mha.multihead_attention_backward, backward_args)
 
 
@@ -517,3 +524,77 @@ def test_autocast_runs_the_module_in_its_dtype_as_pytorchs_does():
     out.float().sum().backward()
     assert module.in_proj_weight.grad.dtype == torch.float32
     assert module.in_proj_weight.grad.abs().sum() > 0
+
+
+def test_the_modules_variants_against_their_definition():
+    """The module's settings (a window, a soft-cap, chunks and a scale, held from construction) and
+    a call's views (sinks and ALiBi slopes), forward and backward (the inputs, every parameter, the
+    sinks) in float64, against the module written out here with torch's operations from the
+    definitions (docs/variants.md: the soft-cap before ALiBi's −slope·|i + S − L − j|; query i sees
+    key j when i + d − 3 <= j <= i + d + 1 and ⌊j / 4⌋ = ⌊(i + d) / 4⌋, d = S − L; each head's sink
+    logit joins every row's softmax): within 1e-12."""
+    E, H, N, L, S = 8, 2, 2, 7, 11
+    torch.manual_seed(5)
+    module = mha.torch.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64, window_size=(3, 1),
+                                          softcap=0.8, chunk_size=4, scale=0.3)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    assert "window_left=3, window_right=1, softcap=0.8, chunk_size=4, scale=0.3" in repr(module)
+    query, kv, grad = make(N, L, E, seed=1), make(N, S, E, seed=2), make(N, L, E, seed=3)
+    sinks, slopes = make(H, seed=4), make(N, H, seed=5).abs()
+
+    def definition(q, kv, sinks, *parameters):
+        w, b, out_w, out_b = parameters
+        heads = [(x @ w[n * E:(n + 1) * E].T + b[n * E:(n + 1) * E]).view(N, -1, H, E // H).transpose(1, 2)
+                 for n, x in enumerate((q, kv, kv))]
+        scores = 0.8 * torch.tanh(0.3 * heads[0] @ heads[1].transpose(-1, -2) / 0.8)
+        i, j = torch.arange(L)[:, None] + S - L, torch.arange(S)
+        scores = scores - slopes[:, :, None, None] * (i - j).abs()
+        scores = scores.masked_fill(~((j >= i - 3) & (j <= i + 1) & (j // 4 == i // 4)), float("-inf"))
+        logits = torch.cat([scores, sinks[None, :, None, None].expand(N, H, L, 1)], dim=-1)
+        p = torch.softmax(logits, dim=-1)[..., :S]
+        return (p @ heads[2]).transpose(1, 2).reshape(N, L, E) @ out_w.T + out_b, p.mean(1)
+
+    parameters = [module.in_proj_weight, module.in_proj_bias, module.out_proj.weight, module.out_proj.bias]
+    leaves = [x.clone().requires_grad_() for x in (query, kv, sinks)]
+    out, weights = module(leaves[0], leaves[1], leaves[1], sinks=leaves[2], alibi_slopes=slopes)
+    ours = torch.autograd.grad(out, leaves + parameters, grad)
+    refs = [x.clone().requires_grad_() for x in (query, kv, sinks, *parameters)]
+    want, want_weights = definition(*refs)
+    theirs = torch.autograd.grad(want, refs, grad)
+    assert max_error(out, want) <= 1e-12 and max_error(weights, want_weights) <= 1e-12
+    for name, a, b in zip(["query", "key and value", "sinks", "in_proj_weight", "in_proj_bias", "out_proj.weight",
+                           "out_proj.bias"], ours, theirs):
+        assert max_error(a, b) <= 1e-12, name
+    # The defaults are torch's module, bit for bit.
+    plain = mha.torch.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+    plain.load_state_dict(module.state_dict())
+    reference = nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+    reference.load_state_dict(module.state_dict())
+    assert max_error(plain(query, kv, kv)[0], reference(query, kv, kv)[0]) <= 1e-12
+
+
+def test_the_modules_variants_are_checked():
+    with pytest.raises(mha.ArgumentError, match=r"MultiheadAttention: scoring.chunk_size: expected 0 \(no chunks\) or "
+                                                r"a number of keys > 0, got -2"):
+        mha.torch.MultiheadAttention(8, 2, chunk_size=-2)
+    with pytest.raises(mha.ArgumentError, match=r"MultiheadAttention: scoring.softcap"):
+        mha.torch.MultiheadAttention(8, 2, softcap=float("nan"))
+    with pytest.raises(mha.ArgumentError, match=r"window_size: expected \(left, right\)"):
+        mha.torch.MultiheadAttention(8, 2, window_size=3)
+    with pytest.raises(mha.ArgumentTypeError, match="chunk_size: expected an integer, got 2.5"):
+        mha.torch.MultiheadAttention(8, 2, chunk_size=2.5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sinks'"):
+        mha.torch.MultiheadAttention(8, 2, sinks=torch.zeros(2))  # a call's, not the module's
+    module = mha.torch.MultiheadAttention(8, 2, batch_first=True, chunk_size=2)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(mha.ArgumentTypeError, match="unexpected keyword argument 'softcap'"):
+        module(x, x, x, softcap=1.0)
+    with pytest.raises(mha.ArgumentTypeError, match="sinks: expected a floating-point tensor, got dtype torch.int64"):
+        module(x, x, x, sinks=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(mha.ArgumentError, match=r"sinks: expected shape \(Hq\) = \[2\]"):
+        module(x, x, x, sinks=torch.zeros(3))
+    # Inputs PyTorch's module takes instead (a float mask that requires grad) cannot carry mha's variants.
+    with pytest.raises(mha.ArgumentError, match="chunk_size, sinks: mha runs these only on inputs it takes"):
+        module(x, x, x, attn_mask=torch.zeros(3, 3, requires_grad=True), sinks=torch.zeros(2))

@@ -82,6 +82,28 @@ WholeCall whole_call(WholeCall w, const Problem& p) {
   return w;
 }
 
+}  // namespace
+
+void check_scoring(const Scoring& s, std::string_view prefix) {
+  const std::string at(prefix);
+  check(std::isfinite(s.dropout_p) && s.dropout_p >= 0.0 && s.dropout_p <= 1.0, at,
+        "dropout_p: expected a probability in [0, 1], got ", s.dropout_p);
+  check(s.causal == Causal::none || s.causal == Causal::top_left || s.causal == Causal::bottom_right, at,
+        "causal: expected none, top_left or bottom_right, got the value ", static_cast<int>(s.causal));
+  check(s.window_left >= -1, at, "window_left: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_left);
+  check(s.window_right >= -1, at, "window_right: expected -1 (unbounded) or a number of keys >= 0, got ",
+        s.window_right);
+  check(std::isfinite(s.softcap) && s.softcap >= 0.0, at, "softcap: expected 0 (none) or a finite cap > 0, got ",
+        s.softcap);
+  // (The kernels keep the cap as a float, where one below float's least subnormal would be 0: none.)
+  check(s.softcap == 0.0 || static_cast<float>(s.softcap) > 0.0f, at,
+        "softcap: expected 0 (none) or a cap of at least 1.4e-45 (float's least subnormal), got ", s.softcap);
+  check(s.chunk_size >= 0, at, "chunk_size: expected 0 (no chunks) or a number of keys > 0, got ", s.chunk_size);
+  check(!s.scale || std::isfinite(*s.scale), at, "scale: expected a finite number, got ", s.scale.value_or(0.0));
+}
+
+namespace {
+
 // Options::query_lengths, key_lengths or key_starts: absent, or one per sequence with sequence b's
 // in [least, whole(b)].
 template <class Whole>
@@ -157,20 +179,9 @@ Problem make_problem(const Shape& q, const Shape& k, const Shape& v, const Optio
   p.v_head_dim = v[3];
   // The settings, then each checked (and whole_call's totals resolved).
   Scoring& s = p.settings = options;
-  check(std::isfinite(s.dropout_p) && s.dropout_p >= 0.0 && s.dropout_p <= 1.0,
-        "dropout_p: expected a probability in [0, 1], got ", s.dropout_p);
+  check_scoring(s);
   s.whole_call = whole_call(s.whole_call, p);
-  check(s.window_left >= -1, "window_left: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_left);
-  check(s.window_right >= -1, "window_right: expected -1 (unbounded) or a number of keys >= 0, got ", s.window_right);
-  check(s.causal == Causal::none || s.causal == Causal::top_left || s.causal == Causal::bottom_right,
-        "causal: expected none, top_left or bottom_right, got the value ", static_cast<int>(s.causal));
-  check(std::isfinite(s.softcap) && s.softcap >= 0.0, "softcap: expected 0 (none) or a finite cap > 0, got ", s.softcap);
-  // (The kernels keep the cap as a float, where one below float's least subnormal would be 0: none.)
-  check(s.softcap == 0.0 || static_cast<float>(s.softcap) > 0.0f,
-        "softcap: expected 0 (none) or a cap of at least 1.4e-45 (float's least subnormal), got ", s.softcap);
-  check(s.chunk_size >= 0, "chunk_size: expected 0 (no chunks) or a number of keys > 0, got ", s.chunk_size);
   if (s.scale) {
-    check(std::isfinite(*s.scale), "scale: expected a finite number, got ", *s.scale);
     p.scale = *s.scale;
   } else {
     check(p.qk_head_dim > 0, "query: head size must be > 0 for the default scale 1/sqrt(Dqk), got ",

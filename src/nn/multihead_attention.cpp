@@ -137,12 +137,9 @@ auto data_or_null(const V& x, int64_t offset = 0) -> decltype(x.data()) {
 }  // namespace
 
 attention::Scoring module_scoring(const MultiheadAttentionOptions& options, double dropout_p, uint64_t dropout_seed) {
-  attention::Scoring s;
+  attention::Scoring s = options.scoring;
   s.dropout_p = dropout_p;
   s.dropout_seed = dropout_p > 0.0 ? dropout_seed : 0;
-  s.window_left = options.window_left;
-  s.window_right = options.window_right;
-  s.softcap = options.softcap;
   return s;
 }
 

@@ -17,12 +17,15 @@ MultiheadAttentionOptions resolved_options(MultiheadAttentionOptions options) {
         " and num_heads ", h);
   check(std::isfinite(options.dropout) && options.dropout >= 0.0 && options.dropout <= 1.0,
         "MultiheadAttention: dropout: expected a probability in [0, 1], got ", options.dropout);
-  check(options.window_left >= -1, "MultiheadAttention: window_left: expected -1 (unbounded) or a number of keys >= 0, "
-        "got ", options.window_left);
-  check(options.window_right >= -1, "MultiheadAttention: window_right: expected -1 (unbounded) or a number of keys "
-        ">= 0, got ", options.window_right);
-  check(std::isfinite(options.softcap) && options.softcap >= 0.0,
-        "MultiheadAttention: softcap: expected 0 (none) or a finite cap > 0, got ", options.softcap);
+  attention::check_scoring(options.scoring, "MultiheadAttention: scoring.");
+  const attention::Scoring& s = options.scoring;
+  const attention::Scoring defaults;
+  check(s.causal == defaults.causal && s.dropout_p == defaults.dropout_p && s.dropout_seed == defaults.dropout_seed &&
+            s.whole_call == defaults.whole_call,
+        "MultiheadAttention: scoring: expected causal, dropout_p, dropout_seed and whole_call at their defaults (each "
+        "call's own: is_causal and the masks, the module's dropout in training), got causal ",
+        static_cast<int>(s.causal), ", dropout_p ", s.dropout_p, ", dropout_seed ", s.dropout_seed,
+        s.whole_call == defaults.whole_call ? " and the default whole_call" : " and a whole_call of a larger call");
   if (!options.kdim) options.kdim = e;
   if (!options.vdim) options.vdim = e;
   // Widths beyond what BLAS indexes (int) cannot be computed; refusing them here also keeps

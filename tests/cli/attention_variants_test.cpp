@@ -1,15 +1,16 @@
-// `mha attention --window LEFT,RIGHT`, `--softcap C` and the input file's `sinks` and
-// `alibi_slopes`: the module's attention variants from the command line.
-//   - with --window the file written (forward and --backward, float64 on the reference backend) is
-//     byte for byte the file of the same call given the window as a bool attn_mask (True =
-//     blocked) built here from the definition: query i sees key j when i + d − LEFT <= j <=
-//     i + d + RIGHT, d = S − L without causality;
+// `mha attention --window LEFT,RIGHT`, `--chunk-size C`, `--softcap C` and the input file's
+// `sinks` and `alibi_slopes`: the module's attention variants from the command line.
+//   - with --window or --chunk-size the file written (forward and --backward, float64 on the
+//     reference backend) is byte for byte the file of the same call given the window or the chunks
+//     as a bool attn_mask (True = blocked) built here from the definition: query i sees key j when
+//     i + d − LEFT <= j <= i + d + RIGHT, or when ⌊j / C⌋ = ⌊(i + d) / C⌋, d = S − L without
+//     causality;
 //   - the file written (forward and --backward, float64) holds what the module computes in
 //     process with the same options and tensors, bit for bit, grad_sinks included;
 //   - ALiBi slopes in the file write, byte for byte, the file of the same call given the biases
 //     as a float attn_mask (N·H, L, S) built here from −slope·|i + S − L − j|;
-//   - bad windows, a bad soft-cap, sinks of the wrong shape or non-finite are one-line errors that
-//     leave no file.
+//   - bad windows, a bad soft-cap, chunk or scale, sinks of the wrong shape or non-finite are
+//     one-line errors that leave no file.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,7 +62,8 @@ class AttentionVariantsCli : public mha::testing::CliTest {
     return f;
   }
 
-  // The window tests' inputs (L = 7, S = 11), and the same with the window 2,1 as a mask.
+  // The window tests' inputs (L = 7, S = 11), and the same with the window 2,1 as a mask, and with
+  // chunks of 3.
   void write_window_inputs() {
     static constexpr int64_t kWindowLen = 7, kWindowSrc = 11;
     st::File inputs;
@@ -78,6 +80,10 @@ class AttentionVariantsCli : public mha::testing::CliTest {
       }
     inputs.tensors["attn_mask"] = st::from_tensor(blocked);
     st::save(inputs, path("masked.safetensors"));
+    for (int64_t i = 0; i < kWindowLen; ++i)
+      for (int64_t j = 0; j < kWindowSrc; ++j) blocked[i * kWindowSrc + j] = j / 3 != (i + kWindowSrc - kWindowLen) / 3;
+    inputs.tensors["attn_mask"] = st::from_tensor(blocked);
+    st::save(inputs, path("chunk_masked.safetensors"));
   }
 
   std::string bytes(const std::string& name) const {
@@ -104,7 +110,7 @@ TEST_F(AttentionVariantsCli, WritesWhatTheModuleComputes) {
   nn::MultiheadAttentionOptions o;
   o.embed_dim = kEmbed;
   o.num_heads = kHeads;
-  o.softcap = 1.5;
+  o.scoring.softcap = 1.5;
   nn::MultiheadAttention<double> module(o, 4);
   nn::MultiheadAttentionArgs<double> args;
   args.sinks = sinks;
@@ -155,6 +161,9 @@ TEST_F(AttentionVariantsCli, BadValuesAreRefused) {
            std::pair<std::string, std::string>{"--softcap -1 --inputs " + path("plain.safetensors"),
                                                "softcap: expected 0 (none) or a finite cap > 0, got -1"},
            {"--softcap inf --inputs " + path("plain.safetensors"), "softcap"},
+           {"--chunk-size -2 --inputs " + path("plain.safetensors"),
+            "chunk_size: expected 0 (no chunks) or a number of keys > 0, got -2"},
+           {"--scale inf --inputs " + path("plain.safetensors"), "scale"},
            {"--inputs " + path("three_sinks.safetensors"), "sinks: expected shape (Hq) = [2], one per query head, got [3]"},
            {"--inputs " + path("nan_sink.safetensors"), "sinks: expected finite logits (or -inf: no sink), got nan"}}) {
     const CliResult r = run_cli(std::string(kCommon) + flags + " --output " + path("out.safetensors"));
@@ -178,6 +187,14 @@ TEST_F(AttentionVariantsCli, WindowWritesTheFileOfTheWindowAsAMask) {
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_EQ(bytes("windowed.safetensors"), bytes("masked_out.safetensors"));
   EXPECT_NE(bytes("windowed.safetensors"), bytes("plain.safetensors"));  // the window does something
+  const CliResult chunked = run_cli(common + "--chunk-size 3 --inputs " + path("inputs.safetensors") + " --output " +
+                                    path("chunked.safetensors"));
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+  const CliResult chunk_masked = run_cli(common + "--inputs " + path("chunk_masked.safetensors") + " --output " +
+                                         path("chunk_masked_out.safetensors"));
+  ASSERT_EQ(chunk_masked.exit_code, 0) << chunk_masked.output;
+  EXPECT_EQ(bytes("chunked.safetensors"), bytes("chunk_masked_out.safetensors"));
+  EXPECT_NE(bytes("chunked.safetensors"), bytes("plain.safetensors"));
 }
 
 TEST_F(AttentionVariantsCli, BadWindowsAreRefused) {

@@ -77,18 +77,20 @@ struct Modules {
 
 // A batch of sequences of different lengths, generated with `prompt` tokens at once then one at a
 // time (counts mark which sequences still have tokens), against each sequence's full forward.
-// With a sliding window (window_left >= 0) on the module, both sides use it: the cache's calls
-// and the full forward's.
+// With a sliding window (window_left >= 0) or chunks (chunk > 0) on the module, both sides use
+// them: the cache's calls and the full forward's.
 template <class Kv>
-void check_generation(const std::vector<int64_t>& lengths, int64_t prompt, bool batch_first, int64_t window_left = -1) {
+void check_generation(const std::vector<int64_t>& lengths, int64_t prompt, bool batch_first, int64_t window_left = -1,
+                      int64_t chunk = 0) {
   SCOPED_TRACE(std::string(storage_name<Kv>()) + " prompt " + std::to_string(prompt) + " batch " +
                std::to_string(lengths.size()) + (batch_first ? " batch_first" : "") + " window_left " +
-               std::to_string(window_left));
+               std::to_string(window_left) + " chunk " + std::to_string(chunk));
   MultiheadAttentionOptions o;
   o.embed_dim = 32;
   o.num_heads = 4;
   o.batch_first = batch_first;
-  o.window_left = window_left;
+  o.scoring.window_left = window_left;
+  o.scoring.chunk_size = chunk;
   Modules m(o);
   const int64_t n = static_cast<int64_t>(lengths.size()), e = o.embed_dim;
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
@@ -154,6 +156,14 @@ TEST(KVCache, TokenByTokenWithASlidingWindowMatchesTheFullForward) {
   check_generation<float>({300}, 1, false, 37);
   check_generation<float>({7, 4, 9}, 5, true, 3);
   check_generation<bfloat16>({40, 33}, 20, true, 0);
+}
+
+// The module's chunks (Llama 4's) reach the cache's calls: each token sees its own chunk's keys
+// up to itself, the chunks counted from each sequence's first token.
+TEST(KVCache, TokenByTokenWithChunksMatchesTheFullForward) {
+  check_generation<float>({300}, 1, false, -1, 64);
+  check_generation<float>({7, 4, 9}, 5, true, -1, 3);
+  check_generation<bfloat16>({40, 33}, 20, true, 6, 8);
 }
 
 TEST(KVCache, HalfPrecisionStorage) {

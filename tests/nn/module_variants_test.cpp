@@ -1,22 +1,26 @@
-// The module's attention variants: MultiheadAttentionOptions::window_left / window_right and
-// softcap, and the per-call MultiheadAttentionArgs::sinks / alibi_slopes, reach its attention core
-// in forward and backward (MultiheadAttentionMasks::core_options with module_scoring).
-//   - a module with a window equals, bit for bit (double, on the reference backend), the same
-//     module given the window as a bool attn_mask (True = blocked) built here from the definition
-//     (query i sees key j when i + d − left <= j <= i + d + right, d = S − L without causality):
-//     output, weights, input gradients and every parameter gradient (the token-by-token path,
-//     forward_cached, is in kv_cache_test.cpp);
+// The module's attention variants: MultiheadAttentionOptions::scoring (the window, chunks, the
+// soft-cap, a scale), and the per-call MultiheadAttentionArgs::sinks / alibi_slopes, reach its
+// attention core in forward and backward (MultiheadAttentionMasks::core_options with module_scoring).
+//   - a module with a window or chunks equals, bit for bit (double, on the reference backend), the
+//     same module given them as a bool attn_mask (True = blocked) built here from the definition
+//     (query i sees key j when i + d − left <= j <= i + d + right and ⌊j / C⌋ = ⌊(i + d) / C⌋,
+//     d = S − L without causality): output, weights, input gradients and every parameter gradient
+//     (the token-by-token path, forward_cached, is in kv_cache_test.cpp);
+//   - a scale s equals the default 1/sqrt(head_dim) with the query projection multiplied by
+//     s·sqrt(head_dim) (within 1e-13 in double);
 //   - ALiBi equals, bit for bit (double, reference backend), the module given the same biases as a
 //     float (N·H, L, S) attn_mask built here from the definition −slope·|i + S − L − j|;
 //   - sinks of 0 are add_zero_attn: a zero key scores 0 against every query and its zero value adds
 //     nothing, which is a sink logit of 0 (output and input gradients within 1e-14);
 //   - grad_sinks and the input gradients under a soft-cap against finite differences;
-//   - a bad window or soft-cap is refused.
+//   - a bad window, soft-cap, chunk or scale is refused, and so are the settings that are each
+//     call's own (causality, dropout, its seed) or a block's (whole_call).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "../support/assertions.h"
@@ -73,17 +77,21 @@ MultiheadAttentionOptions options() {
   return o;
 }
 
-TEST(ModuleVariants, EqualsTheModuleGivenTheWindowAsAMask) {
-  for (auto [left, right] : {std::pair<int64_t, int64_t>{2, 1}, {0, 0}, {-1, 3}, {5, -1}}) {
-    SCOPED_TRACE("window " + std::to_string(left) + "," + std::to_string(right));
+int64_t floor_div(int64_t a, int64_t b) { return (a >= 0 ? a : a - b + 1) / b; }
+
+TEST(ModuleVariants, EqualsTheModuleGivenTheWindowAndChunksAsAMask) {
+  for (auto [left, right, chunk] : {std::tuple<int64_t, int64_t, int64_t>{2, 1, 0}, {0, 0, 0}, {-1, 3, 0},
+                                    {5, -1, 0}, {-1, -1, 4}, {3, 2, 5}, {-1, -1, 1}}) {
+    SCOPED_TRACE("window " + std::to_string(left) + "," + std::to_string(right) + " chunk " + std::to_string(chunk));
     const int64_t n = 2, len = 9, src = 13, e = 8;
     MultiheadAttentionOptions o;
     o.embed_dim = e;
     o.num_heads = 2;
     o.batch_first = true;
     MultiheadAttentionOptions windowed = o;
-    windowed.window_left = left;
-    windowed.window_right = right;
+    windowed.scoring.window_left = left;
+    windowed.scoring.window_right = right;
+    windowed.scoring.chunk_size = chunk;
     MultiheadAttention<double> with(windowed, 5), masked(o, 5);  // the same parameters (same seed)
     Generator gen(9);
     const Tensor<double> q = random_tensor({n, len, e}, gen), kv = random_tensor({n, src, e}, gen);
@@ -92,7 +100,8 @@ TEST(ModuleVariants, EqualsTheModuleGivenTheWindowAsAMask) {
     for (int64_t i = 0; i < len; ++i)
       for (int64_t j = 0; j < src; ++j) {
         const int64_t d = src - len;
-        const bool sees = (left < 0 || j >= i + d - left) && (right < 0 || j <= i + d + right);
+        const bool sees = (left < 0 || j >= i + d - left) && (right < 0 || j <= i + d + right) &&
+                          (chunk == 0 || floor_div(j, chunk) == floor_div(i + d, chunk));
         blocked[i * src + j] = !sees;
       }
     MultiheadAttentionArgs<double> with_args, mask_args;
@@ -101,13 +110,23 @@ TEST(ModuleVariants, EqualsTheModuleGivenTheWindowAsAMask) {
   }
 }
 
-TEST(ModuleVariants, BelowMinusOneIsRefused) {
-  MultiheadAttentionOptions o;
-  o.embed_dim = 8;
-  o.num_heads = 2;
-  o.window_left = -3;
-  expect_error([&] { MultiheadAttention<float> m(o, 0); },
-               "MultiheadAttention: window_left: expected -1 (unbounded) or a number of keys >= 0, got -3");
+TEST(ModuleVariants, AScaleIsTheQueryProjectionScaled) {
+  const double scale = 0.3, head_dim = static_cast<double>(kEmbed / kHeads);
+  MultiheadAttentionOptions scaled_options = options();
+  scaled_options.scoring.scale = scale;
+  MultiheadAttention<double> scaled(scaled_options, 5), plain(options(), 5);
+  // The query's rows of the packed projection (the first embed_dim), weight and bias.
+  for (auto& p : plain.parameters())
+    if (p.name == "in_proj_weight" || p.name == "in_proj_bias")
+      for (int64_t i = 0; i < kEmbed * (p.name == "in_proj_weight" ? kEmbed : 1); ++i)
+        p.value->values()[i] *= scale * std::sqrt(head_dim);
+  Generator gen(6);
+  const Tensor<double> q = random_tensor({kN, kLen, kEmbed}, gen), kv = random_tensor({kN, kSrc, kEmbed}, gen);
+  MultiheadAttentionArgs<double> args;
+  const auto a = scaled.forward(q, kv, kv, args), b = plain.forward(q, kv, kv, args);
+  EXPECT_LE(max_diff(a.output, b.output), 1e-13);
+  EXPECT_LE(max_diff(*a.attn_weights, *b.attn_weights), 1e-13);
+  EXPECT_GT(max_diff(a.output, MultiheadAttention<double>(options(), 5).forward(q, kv, kv, args).output), 1e-3);
 }
 
 TEST(ModuleVariants, AlibiEqualsItsBiasAsAnAttentionMask) {
@@ -151,8 +170,8 @@ TEST(ModuleVariants, SinksOfZeroAreAZeroKey) {
 
 TEST(ModuleVariants, GradientsMatchFiniteDifferences) {
   MultiheadAttentionOptions o = options();
-  o.softcap = 0.8;
-  o.window_left = 4;
+  o.scoring.softcap = 0.8;
+  o.scoring.window_left = 4;
   MultiheadAttention<double> module(o, 9);
   Generator gen(4);
   Tensor<double> q = random_tensor({kN, kLen, kEmbed}, gen), kv = random_tensor({kN, kSrc, kEmbed}, gen);
@@ -169,11 +188,26 @@ TEST(ModuleVariants, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(check_gradient(replacing(*args.sinks, forward), *args.sinks, grad, *g.grad_sinks)) << "grad_sinks";
 }
 
-TEST(ModuleVariants, BadSoftcapIsRefused) {
-  MultiheadAttentionOptions o = options();
-  o.softcap = -2;
-  expect_error([&] { MultiheadAttention<float> m(o, 0); },
-               "MultiheadAttention: softcap: expected 0 (none) or a finite cap > 0, got -2");
+TEST(ModuleVariants, BadSettingsAreRefused) {
+  auto refused = [](auto set, const std::string& message) {
+    MultiheadAttentionOptions o = options();
+    set(o.scoring);
+    expect_error([&] { MultiheadAttention<float> m(o, 0); }, message);
+  };
+  using attention::Scoring;
+  refused([](Scoring& s) { s.window_left = -3; },
+          "MultiheadAttention: scoring.window_left: expected -1 (unbounded) or a number of keys >= 0, got -3");
+  refused([](Scoring& s) { s.softcap = -2; },
+          "MultiheadAttention: scoring.softcap: expected 0 (none) or a finite cap > 0, got -2");
+  refused([](Scoring& s) { s.chunk_size = -1; },
+          "MultiheadAttention: scoring.chunk_size: expected 0 (no chunks) or a number of keys > 0, got -1");
+  refused([](Scoring& s) { s.scale = std::nan(""); }, "MultiheadAttention: scoring.scale: expected a finite number");
+  const std::string own = "MultiheadAttention: scoring: expected causal, dropout_p, dropout_seed and whole_call at "
+                          "their defaults (each call's own: is_causal and the masks, the module's dropout in training)";
+  refused([](Scoring& s) { s.causal = attention::Causal::top_left; }, own + ", got causal 1, dropout_p 0");
+  refused([](Scoring& s) { s.dropout_p = 0.5; }, own + ", got causal 0, dropout_p 0.5");
+  refused([](Scoring& s) { s.dropout_seed = 3; }, own);
+  refused([](Scoring& s) { s.whole_call.key_len = 3; }, "and a whole_call of a larger call");
 }
 
 }  // namespace

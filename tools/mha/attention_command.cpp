@@ -8,7 +8,9 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -121,7 +123,10 @@ void run(const AttentionArgs& args) {
   nn::MultiheadAttentionOptions options = args.module;
   if (args.kdim) options.kdim = args.kdim;
   if (args.vdim) options.vdim = args.vdim;
-  if (!args.window.empty()) std::tie(options.window_left, options.window_right) = std::pair(args.window[0], args.window[1]);
+  if (!args.window.empty()) {
+    options.scoring.window_left = args.window[0];
+    options.scoring.window_right = args.window[1];
+  }
   nn::MultiheadAttention<T> module(options, args.seed);
   module.train(args.train);
   module.backend = parse_backend(args.backend);
@@ -234,8 +239,24 @@ void add_attention_command(CLI::App& app) {
                   "Hugging Face's sliding_window W with causality is W-1,0")
       ->expected(2)
       ->delimiter(',');
-  cmd->add_option("--softcap", args->module.softcap,
-                  "C: soft-cap the attention's scores, C*tanh(score/C) (Gemma 2's attn_logit_softcapping; 0 = none)");
+  // The module's other settings: a flag per field of attention::Scoring's list (visit_fields), so
+  // that a new setting reaches the command line, but those each call sets (causality, dropout, its
+  // seed), a block's (whole_call) and the window's two sides (--window).
+  const std::map<std::string, std::string> help = {
+      {"softcap", "C: soft-cap the attention's scores, C*tanh(score/C) (Gemma 2's attn_logit_softcapping; 0 = none)"},
+      {"chunk_size", "C: chunked attention (Llama 4's attention_chunk_size): a query sees only the keys of its own "
+                     "chunk of C positions, on the causal diagonal (S - L without causality); 0 = none"},
+      {"scale", "S: multiply q.k by S instead of 1/sqrt(head_dim)"}};
+  attention::Scoring::visit_fields([&](const char* name, auto member) {
+    const std::string field = name;
+    for (const char* own : {"causal", "dropout_p", "dropout_seed", "whole_call", "window_left", "window_right"})
+      if (field == own) return;
+    std::string flag = "--" + field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const auto it = help.find(field);
+    cmd->add_option(flag, args->module.scoring.*member,
+                    it != help.end() ? it->second : "attention::Scoring::" + field + " (docs/variants.md)");
+  });
   // Forward arguments.
   cmd->add_flag("--need-weights,!--no-need-weights", args->need_weights, "also return attention weights (default on)");
   cmd->add_flag("--average-attn-weights,!--no-average-attn-weights", args->average_attn_weights,

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "mha/core/view.h"
@@ -111,6 +112,11 @@ struct Scoring {
     v("chunk_size", &Scoring::chunk_size);
   }
 };
+
+// The checks of a call's settings that need no tensor (dropout_p, causal, the window, softcap,
+// chunk_size, a finite scale): mha::Error naming the field, after `prefix` (make_problem's, and a
+// module's for the settings it holds: "MultiheadAttention: scoring.").
+void check_scoring(const Scoring& s, std::string_view prefix = {});
 
 // f(name, field) for every plain field of a settings struct (its visit_fields list), a nested
 // struct's fields by their own list as "outer.inner": the one walk over the list, for settings

@@ -36,13 +36,12 @@ struct MultiheadAttentionOptions {
   std::optional<int64_t> kdim;  // defaults to embed_dim
   std::optional<int64_t> vdim;  // defaults to embed_dim
   bool batch_first = false;
-  // mha's own: a sliding window on the attention (attention::Scoring's window_left/right, −1 =
-  // unbounded), applied by every call of the module: forward, backward, forward_cached and the
-  // packed inference twin (module_scoring).
-  int64_t window_left = -1, window_right = -1;
-  // mha's own: a logit soft-cap on the attention's scores (attention::Scoring::softcap; 0 = none),
-  // applied the same way.
-  double softcap = 0.0;
+  // mha's own: the attention core's settings (attention::Scoring: the sliding window, the logit
+  // soft-cap, chunks, a scale other than 1/sqrt(head_dim)), applied by every call of the module:
+  // forward, backward, forward_cached and the packed inference twin (module_scoring). Causality,
+  // dropout and its seed are each call's (is_causal and the masks, `dropout` in training), and a
+  // module is never a block of a larger call: those fields keep their defaults.
+  attention::Scoring scoring;
 };
 
 // A mask is bool (True = blocked) or float (added), as in PyTorch's MHA.
@@ -63,6 +62,14 @@ struct MultiheadAttentionArgs {
   // (N, num_heads) (attention::Options::alibi_slopes; keys appended by add_bias_kv / add_zero_attn
   // are positions S, S + 1).
   std::optional<Tensor<T>> sinks, alibi_slopes;
+
+  // The per-call views, in order, as (name, member pointer): the list the Python module door takes
+  // them in and builds its keywords from (as attention::Options::visit_views for the functions).
+  template <class Visitor>
+  static constexpr void visit_views(Visitor&& v) {
+    v("sinks", &MultiheadAttentionArgs::sinks);
+    v("alibi_slopes", &MultiheadAttentionArgs::alibi_slopes);
+  }
 };
 
 template <class T>
