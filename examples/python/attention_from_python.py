@@ -70,15 +70,15 @@ def main():
     attention = torch.nn.MultiheadAttention(64, 4, batch_first=True).train()
     x = torch.randn(3, 50, 64)
     calls = []
-    real_op = mha_torch._sdpa_forward
-    mha_torch._sdpa_forward = lambda *a: calls.append(1) or real_op(*a)  # counts the calls that reach mha
+    real_op = mha_torch._sdpa._sdpa_forward
+    mha_torch._sdpa._sdpa_forward = lambda *a: calls.append(1) or real_op(*a)  # counts the calls that reach mha
     try:
         with torch.no_grad():
             reference = attention(x, x, x, need_weights=False)[0]
             with mha_torch.patch():
                 routed = attention(x, x, x, need_weights=False)[0]
     finally:
-        mha_torch._sdpa_forward = real_op
+        mha_torch._sdpa._sdpa_forward = real_op
     print(f"  calls that reached mha inside the block: {len(calls)}")
     ok &= len(calls) == 1
     ok &= check("nn.MultiheadAttention under patch() vs without", (routed - reference).abs().max().item(), 1e-5)

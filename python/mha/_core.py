@@ -28,7 +28,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from . import _fields, _mha
+from . import _fields, _mha, _policy
 from ._fields import ArgumentError, ArgumentTypeError
 
 CAUSAL = ("none", "top_left", "bottom_right")
@@ -318,37 +318,6 @@ def _widened(x):
     return x if x is None or x.dtype == np.bool_ else np.asarray(x, dtype=np.float32)  # (a float32 one as it is)
 
 
-def _pytorch_computes_in_float(query, key, value, attn_mask):
-    """Whether PyTorch's CPU SDPA takes these arrays to its math backend, which computes a half call
-    in float32: where the checks of its flash kernel fail (use_flash_attention_cpp in
-    sdp_utils_cpp.cpp, as torch._fused_sdp_choice reports them in PyTorch 2.15, and
-    test_half_precision.py holds this to it): inputs of other than 3 or 4 dimensions, a head
-    dimension whose stride is not 1, value heads of another size than the query's, a mask of other
-    than 2 dimensions or the inputs' own. (Dropout as well, left out here: no two implementations
-    draw the same mask, so there is no common result to be within, and the half call keeps its
-    speed.)"""
-    return (query.ndim not in (3, 4) or any(x.strides[-1] != x.itemsize for x in (query, key, value))
-            or value.shape[-1] != query.shape[-1] or (attn_mask is not None and attn_mask.ndim not in (2, query.ndim)))
-
-
-def _as_float_call(query, key, value, attn_mask, layout=None):
-    """Whether a bfloat16/float16 call runs as the float call on its widened values, each result
-    rounded once, where PyTorch's SDPA computes in float too:
-    - with a float32 attn_mask (added to the scores in float: rounded to the half type, a mask would
-      add its rounding to every score);
-    - given the layout (the backward), where PyTorch takes the call to its math backend
-      (_pytorch_computes_in_float), whose gradients then carry their final rounding alone (as
-      cpu_flash's own backward does for value heads of another size, docs/bfloat16.md): the half
-      call's were up to 2.3x PyTorch's error (a strided head dimension, 8 seeds). The forward keeps
-      the half call: its output's error is its own rounding either way (1.00-1.12x);
-    - given the layout, with an input broadcast over the batch or repeated over the heads (PyTorch's
-      math backend takes those shapes in float32; in the half type each copy's gradient would be
-      rounded before the sum over the copies, and the sum after each addition: measured up to 4x
-      PyTorch's error, against 1x this way)."""
-    return query.dtype in _HALF and ((attn_mask is not None and attn_mask.dtype == np.float32) or (
-        layout is not None and (layout.broadcasts() or _pytorch_computes_in_float(query, key, value, attn_mask))))
-
-
 def _views(dtype, layout, given, attend=None, additive=None):
     """Options' typed views as the binding takes them (every view in its order, None where absent;
     mha checks their shapes): the masks; those of kind "value" (sinks (Hq), ALiBi slopes (Hq) or
@@ -424,7 +393,7 @@ def forward(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, 
     attn_mask = check_options(attn_mask, dropout_p, causal, scale, dropout_seed, query.dtype)
     scoring = _fields.scoring(causal, scale, dropout_p, dropout_seed, variants)
     layout = layout_of(query.shape, key.shape, value.shape, bool(enable_gqa))
-    if _as_float_call(query, key, value, attn_mask):
+    if _policy.as_float_call(query.dtype in _HALF, query, key, value, attn_mask):
         output, logsumexp, weights = forward(
             _widened(query), _widened(key), _widened(value), attn_mask, dropout_p, causal, scale, enable_gqa,
             dropout_seed, num_threads, _widened_variants(variants, query.dtype), need_weights)
@@ -470,7 +439,7 @@ def backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropo
     grad_output = _check_like("grad_output", grad_output, layout.output_shape(), query.dtype)
     output = _check_like("output", output, layout.output_shape(), query.dtype)
     logsumexp = _check_like("logsumexp", logsumexp, layout.logsumexp_shape(), np.dtype(np.float64))
-    if _as_float_call(query, key, value, attn_mask, layout):
+    if _policy.as_float_call(query.dtype in _HALF, query, key, value, attn_mask, layout):
         grads = backward(_widened(grad_output), _widened(query), _widened(key), _widened(value), _widened(output),
                          logsumexp, _widened(attn_mask), dropout_p, causal, scale, enable_gqa, dropout_seed,
                          num_threads, _widened_variants(variants, query.dtype))

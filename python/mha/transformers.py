@@ -45,8 +45,9 @@ import warnings
 import torch
 import transformers
 
-from . import _core
-from . import torch as _mha_torch
+from . import _core, _policy
+from .torch._sdpa import _attention
+from .torch._tensors import _autocast
 
 if int(transformers.__version__.split(".")[0]) < 5:  # the attention and mask interfaces' signatures
     raise ImportError(f"mha.transformers needs transformers >= 5 (pip install \"mha[transformers]\"), "
@@ -274,12 +275,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     (B, Hkv, S, D/Dv) as the models send them, attention_mask from `attention_mask` above (or a
     4-D mask the caller built) -> (output (B, L, Hq, Dv), weights (B, Hq, L, S) when
     output_attentions=True, else None). See the module's docstring."""
-    reason = _mha_torch._unsupported(query, key, value, attention_mask)
-    if reason is not None:
-        raise _core.ArgumentError(f"attn_implementation=\"mha\": mha runs floating-point CPU tensors, got {reason}")
+    _policy.refuse_inputs("query, key, value", _policy.unsupported(query, key, value, attention_mask),
+                          'attn_implementation="mha": ')
     # Under torch.autocast, as "sdpa" gets them (rotary embeddings leave q and k in float32 beside a
     # bfloat16 v): every floating-point tensor but a float64 one in the autocast dtype.
-    query, key, value = _mha_torch._autocast(query, key, value)
+    query, key, value = _autocast(query, key, value)
     for name, what in _REFUSED.items():
         if kwargs.get(name) is not None:
             model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
@@ -345,7 +345,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         query, key, value = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[3]) for t in (query, key, value))
     variants = {"window_left": window[0], "window_right": window[1], "softcap": float(softcap or 0.0),
                 "chunk_size": chunk, "sinks": sinks, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, **lengths}
-    result = _mha_torch._attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
+    result = _attention(query, key, value, mask, float(dropout), "bottom_right" if causal else "none",
                                    scaling, True, variants, need_weights)
     output, weights = result[0], (result[2] if need_weights else None)
     if rows:  # back to (batch, heads, length, ...): each row's block of the one row

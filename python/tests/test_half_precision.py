@@ -147,11 +147,11 @@ def test_the_float_call_where_pytorch_computes_in_float():
     mha's backward then runs the float call, each gradient rounded once) is the backend PyTorch
     chooses, on layouts of either kind."""
     from torch.nn.attention import SDPBackend
-    from mha import _core
+    from mha import _policy
     for name, q, k, v, mask, gqa in _math_cases():
         math = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=None, enable_gqa=gqa) == SDPBackend.MATH.value
-        arrays = (mha.torch._numpy(x) for x in (q, k, v, mask))
-        assert _core._pytorch_computes_in_float(*arrays) == math, f"{name}: PyTorch's math backend {math}"
+        arrays = (mha.torch._tensors._numpy(x) for x in (q, k, v, mask))
+        assert _policy.pytorch_computes_in_float(*arrays) == math, f"{name}: PyTorch's math backend {math}"
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)

@@ -219,7 +219,7 @@ def test_causal_bias(bias, L, S):
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(mha.torch, "_warned", set())
+    monkeypatch.setattr(mha._policy, "_warned", set())
 
 
 # Inside patch(), F.scaled_dot_product_attention is mha's, and CausalBias's __torch_function__,

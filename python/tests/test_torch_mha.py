@@ -364,7 +364,7 @@ def test_pytorch_moduleinfo_float32_gradients_as_one_batch():
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(mha.torch, "_warned", set())
+    monkeypatch.setattr(mha._policy, "_warned", set())
 
 
 @pytest.mark.parametrize("kind", ["meta", "float_mask_requires_grad"])
@@ -596,5 +596,5 @@ def test_the_modules_variants_are_checked():
     with pytest.raises(mha.ArgumentError, match=r"sinks: expected shape \(Hq\) = \[2\]"):
         module(x, x, x, sinks=torch.zeros(3))
     # Inputs PyTorch's module takes instead (a float mask that requires grad) cannot carry mha's variants.
-    with pytest.raises(mha.ArgumentError, match="chunk_size, sinks: mha runs these only on inputs it takes"):
+    with pytest.raises(mha.ArgumentError, match="chunk_size, sinks: mha runs these only on inputs it can read"):
         module(x, x, x, attn_mask=torch.zeros(3, 3, requires_grad=True), sinks=torch.zeros(2))

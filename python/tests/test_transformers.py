@@ -545,7 +545,7 @@ def test_a_4d_mask_is_applied_as_given_and_bad_inputs_are_refused():
     with pytest.raises(mha.ArgumentError, match=r"attention_mask: expected the \(batch, keys\) padding mask .* got "
                                                 r"shape \(2, 6, 6\)"):
         mha.transformers.attention_forward(module, q, k, v, torch.ones(2, 6, 6, dtype=torch.bool))
-    with pytest.raises(mha.ArgumentError, match="mha runs floating-point CPU tensors, got tensors on meta"):
+    with pytest.raises(mha.ArgumentError, match="query, key, value: expected floating-point CPU tensors mha can read, got tensors on meta"):
         mha.transformers.attention_forward(module, q.to("meta"), k.to("meta"), v.to("meta"), None)
 
 

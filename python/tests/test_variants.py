@@ -329,7 +329,7 @@ def test_flash_functions_bad_values():
         mha.torch.flash_attn_varlen_func(q, k, v, torch.tensor([0, -1, 10], dtype=torch.int32), cu_k, 7, 7)
     # Outside mha's inputs, PyTorch's SDPA has no soft-cap, sinks or ALiBi: refused, not dropped.
     b = torch.randn(1, 2, 4, 8, device="meta")
-    with pytest.raises(mha.ArgumentError, match="softcap, sinks: mha runs these only on floating-point CPU tensors"):
+    with pytest.raises(mha.ArgumentError, match="softcap, sinks: mha runs these only on inputs it can read"):
         mha.torch.scaled_dot_product_attention(b, b, b, softcap=2.0, sinks=torch.zeros(2))
 
 
@@ -383,7 +383,7 @@ def test_lengths_starts_and_chunks_reach_the_doors_from_mhas_lists():
         mha.scaled_dot_product_attention(*half, attn_mask=np.zeros((L, S), np.float32), sinks=np.zeros(H, np.int64))
     # Inputs mha cannot run go to PyTorch's SDPA, which has none of these: refused by their names
     # (the lengths an array, whose truth is not a bool).
-    with pytest.raises(mha.ArgumentError, match="chunk_size, key_lengths: mha runs these only on floating-point"):
+    with pytest.raises(mha.ArgumentError, match="chunk_size, key_lengths: mha runs these only on inputs it can read"):
         mha.torch.scaled_dot_product_attention(*(x.to(torch.int32) for x in (q, k, v)), chunk_size=C,
                                                key_lengths=ends.numpy())
     with pytest.raises(mha.ArgumentTypeError, match="unexpected keyword argument 'chunk'"):

@@ -61,7 +61,9 @@ static_assert(kForwardQueries <= 256 && 2 * kBackwardQueries <= 256,
 //   gradients carry their final rounding alone; with P and dS rounded to bfloat16 for the
 //   products, mha's had 1.1–1.9× that error in the median and up to 2.4× (docs/bfloat16.md).
 //   There the float products run instead: the float call's gradients rounded once. (The forward
-//   keeps the pairs: its output's error is its own rounding either way.)
+//   keeps the pairs: its output's error is its own rounding either way.) This is the C++ half of
+//   the "in float" policy; the Python doors' half is as_float_call (python/mha/_policy.py, whose
+//   table docs/python.md, "Policies", cites beside this).
 template <class T, class Kv>
 bool forward_on_pairs() {
   return std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && bf16_gemm::native();
