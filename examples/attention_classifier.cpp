@@ -26,9 +26,11 @@
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/relu.h"
 #include "support/example_files.h"
+#include "support/plain_math.h"
 
 namespace {
 
+namespace plain = mha::examples::plain;
 using mha::Shape;
 using mha::Tensor;
 
@@ -159,39 +161,19 @@ struct TutorialModels : mha::nn::Module<float> {
   }
 };
 
-// Row-major x (rows, E) times the rows [first, first + count) of weight, plus bias: x Wᵀ + b in double.
-std::vector<double> plain_linear(const std::vector<double>& x, int64_t rows, int64_t in,
-                                 const Tensor<float>& weight, const Tensor<float>& bias, int64_t first,
-                                 int64_t count) {
-  std::vector<double> y(static_cast<size_t>(rows * count));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < count; ++o) {
-      double s = bias[first + o];
-      for (int64_t i = 0; i < in; ++i) s += x[static_cast<size_t>(r * in + i)] * weight[(first + o) * in + i];
-      y[static_cast<size_t>(r * count + o)] = s;
-    }
-  return y;
-}
-
 // softmax(q kᵀ / sqrt(d)) v for one head: q, k, v (L, d) row-major → (L, d).
 std::vector<double> plain_head(const std::vector<double>& q, const std::vector<double>& k,
                                const std::vector<double>& v, int64_t len, int64_t d) {
   std::vector<double> out(static_cast<size_t>(len * d));
   for (int64_t i = 0; i < len; ++i) {
     std::vector<double> p(static_cast<size_t>(len));
-    double max = -std::numeric_limits<double>::infinity(), sum = 0;
-    for (int64_t j = 0; j < len; ++j) {
-      double s = 0;
-      for (int64_t c = 0; c < d; ++c)
-        s += q[static_cast<size_t>(i * d + c)] * k[static_cast<size_t>(j * d + c)];
-      p[static_cast<size_t>(j)] = s / std::sqrt(static_cast<double>(d));
-      max = std::max(max, p[static_cast<size_t>(j)]);
-    }
-    for (auto& s : p) sum += (s = std::exp(s - max));
+    for (int64_t j = 0; j < len; ++j)
+      p[static_cast<size_t>(j)] = plain::dot(&q[static_cast<size_t>(i * d)], &k[static_cast<size_t>(j * d)], d) /
+                                  std::sqrt(static_cast<double>(d));
+    plain::softmax(p);
     for (int64_t j = 0; j < len; ++j)
       for (int64_t c = 0; c < d; ++c)
-        out[static_cast<size_t>(i * d + c)] +=
-            p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * d + c)];
+        out[static_cast<size_t>(i * d + c)] += p[static_cast<size_t>(j)] * v[static_cast<size_t>(j * d + c)];
   }
   return out;
 }
@@ -210,24 +192,24 @@ PlainResults plain_models(const Tensor<float>& images, const mha::nn::StateDict<
                                 images.values().begin() + (n + 1) * L * E);
     // (a) one head of size E.
     const auto single =
-        plain_head(plain_linear(x, L, E, p("single_head.Q.weight"), p("single_head.Q.bias"), 0, E),
-                   plain_linear(x, L, E, p("single_head.K.weight"), p("single_head.K.bias"), 0, E),
-                   plain_linear(x, L, E, p("single_head.V.weight"), p("single_head.V.bias"), 0, E), L, E);
+        plain_head(plain::linear(x, L, E, p("single_head.Q.weight"), p("single_head.Q.bias"), 0, E),
+                   plain::linear(x, L, E, p("single_head.K.weight"), p("single_head.K.bias"), 0, E),
+                   plain::linear(x, L, E, p("single_head.V.weight"), p("single_head.V.bias"), 0, E), L, E);
     r.single_head_output.insert(r.single_head_output.end(), single.begin(), single.end());
     // (b) head h projects with rows [h·d, (h+1)·d) of the q, k and v blocks of in_proj_weight.
     const Tensor<float>&w_in = p("classifier.attention.in_proj_weight"),
           &b_in = p("classifier.attention.in_proj_bias");
     std::vector<double> merged(static_cast<size_t>(L * E));
     for (int64_t h = 0; h < kNumHeads; ++h) {
-      const auto head = plain_head(plain_linear(x, L, E, w_in, b_in, h * d, d),
-                                   plain_linear(x, L, E, w_in, b_in, E + h * d, d),
-                                   plain_linear(x, L, E, w_in, b_in, 2 * E + h * d, d), L, d);
+      const auto head = plain_head(plain::linear(x, L, E, w_in, b_in, h * d, d),
+                                   plain::linear(x, L, E, w_in, b_in, E + h * d, d),
+                                   plain::linear(x, L, E, w_in, b_in, 2 * E + h * d, d), L, d);
       for (int64_t t = 0; t < L; ++t)
         for (int64_t c = 0; c < d; ++c)
           merged[static_cast<size_t>(t * E + h * d + c)] = head[static_cast<size_t>(t * d + c)];
     }
-    auto attended = plain_linear(merged, L, E, p("classifier.attention.out_proj.weight"),
-                                 p("classifier.attention.out_proj.bias"), 0, E);
+    auto attended = plain::linear(merged, L, E, p("classifier.attention.out_proj.weight"),
+                                  p("classifier.attention.out_proj.bias"), 0, E);
     for (size_t i = 0; i < attended.size(); ++i) attended[i] += x[i];  // residual
     r.attention_output.insert(r.attention_output.end(), attended.begin(), attended.end());
     // (c) mean over positions, fc1, ReLU, fc2.
@@ -236,10 +218,10 @@ PlainResults plain_models(const Tensor<float>& images, const mha::nn::StateDict<
       for (int64_t e = 0; e < E; ++e)
         pooled[static_cast<size_t>(e)] += attended[static_cast<size_t>(t * E + e)] / L;
     auto hidden =
-        plain_linear(pooled, 1, E, p("classifier.fc1.weight"), p("classifier.fc1.bias"), 0, kHiddenDim);
+        plain::linear(pooled, 1, E, p("classifier.fc1.weight"), p("classifier.fc1.bias"), 0, kHiddenDim);
     for (auto& h : hidden) h = std::max(h, 0.0);
-    const auto logits = plain_linear(hidden, 1, kHiddenDim, p("classifier.fc2.weight"),
-                                     p("classifier.fc2.bias"), 0, kNumClasses);
+    const auto logits = plain::linear(hidden, 1, kHiddenDim, p("classifier.fc2.weight"),
+                                      p("classifier.fc2.bias"), 0, kNumClasses);
     r.logits.insert(r.logits.end(), logits.begin(), logits.end());
   }
   return r;
@@ -257,14 +239,10 @@ double max_abs_diff(const Tensor<float>& ours, const std::vector<double>& expect
 }  // namespace
 
 int main(int argc, char** argv) {
-  mha::examples::ExampleFiles files;
-  int exit_code = 0;
-  if (!files.parse(argc, argv,
-                   "The tutorial's single-head self-attention and multi-head self-attention classifier on "
-                   "28x28 images read as 28 tokens of 28 features (forward).",
-                   exit_code))
-    return exit_code;
-  return mha::examples::run_example([&] {
+  const char* description =
+      "The tutorial's single-head self-attention and multi-head self-attention classifier on "
+      "28x28 images read as 28 tokens of 28 features (forward).";
+  return mha::examples::example_main(argc, argv, description, /*draws=*/false, [](const auto& files) {
     TutorialModels models;
     files.load_weights(models);
     models.classifier.attention.eval();  // no dropout in the attention (its p is 0 anyway)

@@ -22,9 +22,11 @@
 #include "mha/attention/attention.h"
 #include "mha/nn/linear.h"
 #include "support/example_files.h"
+#include "support/plain_math.h"
 
 namespace {
 
+namespace plain = mha::examples::plain;
 using mha::Shape;
 using mha::Tensor;
 using Linear = mha::nn::Linear<float>;
@@ -286,20 +288,15 @@ Tensor<double> plain_attention(const Tensor<double>& q, const Tensor<double>& k,
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < L; ++i) {
         std::vector<double> p(static_cast<size_t>(L));
-        double max = -std::numeric_limits<double>::infinity(), sum = 0;
         for (int64_t j = 0; j < L; ++j) {
-          double s = 0;
-          for (int64_t c = 0; c < d; ++c)
-            s += q[(b * L + i) * width + h * d + c] * k[(b * L + j) * width + h * d + c];
+          const double s = plain::dot(&q[(b * L + i) * width + h * d], &k[(b * L + j) * width + h * d], d);
           const bool blocked = attention_mask && (*attention_mask)[(b * L + i) * L + j] == 0;
           p[static_cast<size_t>(j)] =
               blocked ? -std::numeric_limits<double>::infinity() : s / std::sqrt(double(d));
-          max = std::max(max, p[static_cast<size_t>(j)]);
         }
-        for (auto& s : p) sum += (s = std::exp(s - max));
+        plain::softmax(p);
         for (int64_t j = 0; j < L; ++j) {
-          const double w =
-              weights ? (*weights)[((b * heads + h) * L + i) * L + j] : p[static_cast<size_t>(j)] / sum;
+          const double w = weights ? (*weights)[((b * heads + h) * L + i) * L + j] : p[static_cast<size_t>(j)];
           for (int64_t c = 0; c < d; ++c)
             out[(b * L + i) * width + h * d + c] += w * v[(b * L + j) * width + h * d + c];
         }
@@ -348,14 +345,9 @@ double mean_peak_weight(const Tensor<float>& weights) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mha::examples::ExampleFiles files;
-  int exit_code = 0;
-  if (!files.parse(
-          argc, argv,
-          "The four levels of self-attention: V1 separate, V2 fused, V3 masked with dropout, V4 multi-head.",
-          exit_code))
-    return exit_code;
-  return mha::examples::run_example([&] {
+  const char* description =
+      "The four levels of self-attention: V1 separate, V2 fused, V3 masked with dropout, V4 multi-head.";
+  return mha::examples::example_main(argc, argv, description, /*draws=*/false, [](const auto& files) {
     AttentionLevels model;
     files.load_weights(model);
     model.v3.eval();

@@ -292,13 +292,9 @@ void print_weights(const Tensor<float>& weights, int64_t batch, int64_t head) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mha::examples::ExampleFiles files;
-  int exit_code = 0;
-  if (!files.parse(argc, argv,
-                   "Self- and cross-attention with q/k head size 16, v head size 32 and a (B, L, S) mask.",
-                   exit_code, /*draws=*/true))
-    return exit_code;
-  return mha::examples::run_example([&] {
+  const char* description =
+      "Self- and cross-attention with q/k head size 16, v head size 32 and a (B, L, S) mask.";
+  return mha::examples::example_main(argc, argv, description, /*draws=*/true, [](const auto& files) {
     std::printf(
         "Multi-head self- and cross-attention: emd_size %lld, %lld heads, q/k head size %lld, "
         "v head size %lld\n\n",

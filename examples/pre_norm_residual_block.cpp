@@ -440,14 +440,10 @@ GradientCheck check_gradients(PreNormResidualBlock<float>& block, const Inputs& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  mha::examples::ExampleFiles files;
-  int exit_code = 0;
-  if (!files.parse(argc, argv,
-                   "The tutorial's pre-norm residual multi-head attention block (separate Q, K, V, "
-                   "padding mask), forward and backward.",
-                   exit_code))
-    return exit_code;
-  return mha::examples::run_example([&] {
+  const char* description =
+      "The tutorial's pre-norm residual multi-head attention block (separate Q, K, V, "
+      "padding mask), forward and backward.";
+  return mha::examples::example_main(argc, argv, description, /*draws=*/false, [](const auto& files) {
     std::printf("Pre-norm residual block: out = Q + Dropout(out_fc(MHA(LN(Q), LN(K), LN(V), mask)))\n");
     std::printf("  batch %lld, %lld tokens, embed_dim %lld, %lld heads of head_dim %lld\n",
                 static_cast<long long>(kBatch), static_cast<long long>(kSeqLen),

@@ -16,9 +16,11 @@
 #include "mha/nn/embedding.h"
 #include "mha/nn/multihead_attention.h"
 #include "support/example_files.h"
+#include "support/plain_math.h"
 
 namespace {
 
+namespace plain = mha::examples::plain;
 using mha::Shape;
 using mha::Tensor;
 
@@ -66,16 +68,8 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
   const int64_t L = kMaxLen, E = kEmbedDim, H = kNumHeads, d = E / H;
   const Tensor<float>& w_in = state.at("in_proj_weight");  // rows: q, then k, then v
   const Tensor<float>& b_in = state.at("in_proj_bias");
-  auto linear = [&](const std::vector<double>& in, const Tensor<float>& w, const Tensor<float>& b,
-                    int64_t row0) {
-    std::vector<double> out(static_cast<size_t>(L * E));
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t o = 0; o < E; ++o) {
-        double s = b[row0 + o];
-        for (int64_t i = 0; i < E; ++i) s += in[static_cast<size_t>(t * E + i)] * w[(row0 + o) * E + i];
-        out[static_cast<size_t>(t * E + o)] = s;
-      }
-    return out;
+  auto linear = [&](const std::vector<double>& in, const Tensor<float>& w, const Tensor<float>& b, int64_t row0) {
+    return plain::linear(in, L, E, w, b, row0, E);
   };
   std::vector<double> input(x.values().begin(), x.values().end());
   const auto q = linear(input, w_in, b_in, 0), k = linear(input, w_in, b_in, E),
@@ -84,21 +78,16 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < L; ++i) {
       std::vector<double> p(static_cast<size_t>(L));
-      double max = -std::numeric_limits<double>::infinity(), sum = 0;
       for (int64_t j = 0; j < L; ++j) {
-        double s = 0;
-        for (int64_t c = 0; c < d; ++c)
-          s += q[static_cast<size_t>(i * E + h * d + c)] * k[static_cast<size_t>(j * E + h * d + c)];
-        p[static_cast<size_t>(j)] = is_padding[static_cast<size_t>(j)]
-                                        ? -std::numeric_limits<double>::infinity()
-                                        : s / std::sqrt(double(d));
-        max = std::max(max, p[static_cast<size_t>(j)]);
+        const double s = plain::dot(&q[static_cast<size_t>(i * E + h * d)], &k[static_cast<size_t>(j * E + h * d)], d);
+        p[static_cast<size_t>(j)] =
+            is_padding[static_cast<size_t>(j)] ? -std::numeric_limits<double>::infinity() : s / std::sqrt(double(d));
       }
-      for (auto& s : p) sum += (s = std::exp(s - max));
+      plain::softmax(p);
       for (int64_t j = 0; j < L; ++j)
         for (int64_t c = 0; c < d; ++c)
           heads_out[static_cast<size_t>(i * E + h * d + c)] +=
-              p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * E + h * d + c)];
+              p[static_cast<size_t>(j)] * v[static_cast<size_t>(j * E + h * d + c)];
     }
   return linear(heads_out, state.at("out_proj.weight"), state.at("out_proj.bias"), 0);
 }
@@ -106,13 +95,9 @@ std::vector<double> plain_attention(const Tensor<float>& x, const std::vector<bo
 }  // namespace
 
 int main(int argc, char** argv) {
-  mha::examples::ExampleFiles files;
-  int exit_code = 0;
-  if (!files.parse(argc, argv,
-                   "The first tutorial's sentence through an embedding and 8-head self-attention.",
-                   exit_code, /*draws=*/true))
-    return exit_code;
-  return mha::examples::run_example([&] {
+  const char* description =
+      "The first tutorial's sentence through an embedding and 8-head self-attention.";
+  return mha::examples::example_main(argc, argv, description, /*draws=*/true, [](const auto& files) {
     const std::string sentence = "this is an example sentence";
     std::printf("Sentence self-attention: \"%s\"\n\n", sentence.c_str());
 

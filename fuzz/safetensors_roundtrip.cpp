@@ -25,23 +25,14 @@
 
 #include "fuzz.h"
 #include "mha/core/safetensors.h"
+#include "safetensors_files.h"
 
 namespace {
 
 namespace st = mha::safetensors;
 using mha::fuzz::finding;
 using mha::fuzz::FuzzInput;
-
-bool same(const st::File& a, const st::File& b) {
-  if (a.metadata != b.metadata || a.tensors.size() != b.tensors.size()) return false;
-  for (const auto& [name, tensor] : a.tensors) {
-    const auto it = b.tensors.find(name);
-    if (it == b.tensors.end() || it->second.dtype != tensor.dtype || it->second.shape != tensor.shape ||
-        it->second.bytes != tensor.bytes)
-      return false;
-  }
-  return true;
-}
+using mha::fuzz::same;
 
 bool is_nan_element(const std::byte* p, st::DType dtype) {
   uint16_t u16 = 0;

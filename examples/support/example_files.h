@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "mha/core/error.h"
 #include "mha/core/escape.h"
@@ -90,6 +91,16 @@ int run_example(Body body) {
     std::fprintf(stderr, "error: %s\n", e.what());  // already escaped, as every mha::Error
     return 1;
   }
+}
+
+// An example's main(): parses the options (ExampleFiles::parse, with --heatmap where the example
+// `draws`) and, unless the program should exit there, runs body(files) under run_example.
+template <class Body>
+int example_main(int argc, char** argv, const std::string& description, bool draws, Body body) {
+  ExampleFiles files;
+  int exit_code = 0;
+  if (!files.parse(argc, argv, description, exit_code, draws)) return exit_code;
+  return run_example([&] { return body(std::as_const(files)); });
 }
 
 }  // namespace mha::examples

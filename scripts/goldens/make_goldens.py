@@ -147,31 +147,21 @@ class ModuleCase:
         return self.L if self.S is None else self.S
 
     def args(self) -> str:
-        a = [f"--embed-dim {self.E}", f"--num-heads {self.H}"]
-        if self.kdim is not None:
-            a.append(f"--kdim {self.kdim}")
-        if self.vdim is not None:
-            a.append(f"--vdim {self.vdim}")
-        if self.dropout:
-            a.append(f"--dropout {self.dropout}")
-        if not self.bias:
-            a.append("--no-bias")
-        if self.batch_first:
-            a.append("--batch-first")
-        if self.add_bias_kv:
-            a.append("--add-bias-kv")
-        if self.add_zero_attn:
-            a.append("--add-zero-attn")
-        if not self.need_weights:
-            a.append("--no-need-weights")
-        elif not self.average:
-            a.append("--no-average-attn-weights")
-        if self.is_causal:
-            a.append("--is-causal")
-        if self.train:
-            a.append("--train")
-        a.append("--backward")
-        return " ".join(a)
+        """The `mha attention` flags of the case, in this order."""
+        flags = [(f"--embed-dim {self.E}", True), (f"--num-heads {self.H}", True),
+                 (f"--kdim {self.kdim}", self.kdim is not None),
+                 (f"--vdim {self.vdim}", self.vdim is not None),
+                 (f"--dropout {self.dropout}", bool(self.dropout)),
+                 ("--no-bias", not self.bias),
+                 ("--batch-first", self.batch_first),
+                 ("--add-bias-kv", self.add_bias_kv),
+                 ("--add-zero-attn", self.add_zero_attn),
+                 ("--no-need-weights", not self.need_weights),
+                 ("--no-average-attn-weights", self.need_weights and not self.average),
+                 ("--is-causal", self.is_causal),
+                 ("--train", self.train),
+                 ("--backward", True)]
+        return " ".join(flag for flag, given in flags if given)
 
 
 def fully_mask_kpm_batch0(kpm, am, c):
@@ -743,6 +733,27 @@ def write_case(folder, files: dict, metadata: dict) -> int:
     return total
 
 
+def skipped_as_non_finite(case: str, c, f64: dict, f32: dict, notes: list) -> bool:
+    """Whether PyTorch gave a non-finite result (the case is then skipped, with a note): an error
+    unless the case expects fully masked rows."""
+    bad = all_finite(f64) + all_finite(f32)
+    if not bad:
+        return False
+    msg = f"{case}: PyTorch gives non-finite {sorted(set(bad))}; case skipped"
+    if not c.expect_full_rows:
+        raise RuntimeError(msg)
+    notes.append(msg)
+    return True
+
+
+def results_files(f64: dict, f32: dict) -> dict:
+    """The results in float64 (expected) and PyTorch's own in float32, as write_case takes them."""
+    return {
+        "expected_f64.safetensors": ({k: v.double() for k, v in f64.items()}, {"dtype": "float64"}),
+        "torch_f32.safetensors": ({k: v.float() for k, v in f32.items()}, {"dtype": "float32"}),
+    }
+
+
 def generate_module(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
     total, count = 0, 0
     for c in module_cases():
@@ -756,12 +767,7 @@ def generate_module(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
         inputs = module_inputs(c, g)
         f64 = run_module(c, mod, inputs, torch.float64)
         f32 = run_module(c, mod, inputs, torch.float32)
-        bad = all_finite(f64) + all_finite(f32)
-        if bad:
-            msg = f"module/{c.name}: PyTorch gives non-finite {sorted(set(bad))}; case skipped"
-            if not c.expect_full_rows:
-                raise RuntimeError(msg)
-            notes.append(msg)
+        if skipped_as_non_finite(f"module/{c.name}", c, f64, f32, notes):
             continue
         full = module_full_rows(c, inputs.get("key_padding_mask"), inputs.get("attn_mask"))
         assert (full > 0) == c.expect_full_rows, (c.name, full)
@@ -780,10 +786,7 @@ def generate_module(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
             "weights.safetensors": (state, {}),
             "inputs.safetensors": (inputs, {"args": c.args(),
                                             "self_attention": str(c.self_attention).lower()}),
-            "expected_f64.safetensors": ({k: v.double() for k, v in f64.items()},
-                                         {"dtype": "float64"}),
-            "torch_f32.safetensors": ({k: v.float() for k, v in f32.items()},
-                                      {"dtype": "float32"}),
+            **results_files(f64, f32),
         }
         total += write_case(os.path.join(out_dir, "module", c.name), files, meta)
         count += 1
@@ -803,12 +806,7 @@ def generate_sdpa(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
         inputs = sdpa_inputs(c, g)
         f64 = run_sdpa(c, inputs, torch.float64)
         f32 = run_sdpa(c, inputs, torch.float32)
-        bad = all_finite(f64) + all_finite(f32)
-        if bad:
-            msg = f"sdpa/{c.name}: PyTorch gives non-finite {sorted(set(bad))}; case skipped"
-            if not c.expect_full_rows:
-                raise RuntimeError(msg)
-            notes.append(msg)
+        if skipped_as_non_finite(f"sdpa/{c.name}", c, f64, f32, notes):
             continue
         if c.causal == "bottom_right" and c.window == (-1, -1):
             # Cross-check the explicit tril mask against torch's CausalBias (another kernel).
@@ -841,13 +839,7 @@ def generate_sdpa(out_dir: str, notes: list, rows: list) -> tuple[int, int]:
                 "enable_gqa": str(c.gqa).lower()}
         if c.window != (-1, -1):  # the Scoring fields' names (sdpa_golden_test reads them by name)
             meta.update({"window_left": str(c.window[0]), "window_right": str(c.window[1])})
-        files = {
-            "inputs.safetensors": (inputs, {}),
-            "expected_f64.safetensors": ({k: v.double() for k, v in f64.items()},
-                                         {"dtype": "float64"}),
-            "torch_f32.safetensors": ({k: v.float() for k, v in f32.items()},
-                                      {"dtype": "float32"}),
-        }
+        files = {"inputs.safetensors": (inputs, {}), **results_files(f64, f32)}
         total += write_case(os.path.join(out_dir, "sdpa", c.name), files, meta)
         count += 1
         rel, which = error_summary(f64, f32, f"sdpa/{c.name}", notes)

@@ -306,7 +306,7 @@ void pack_b_transposed(const bfloat16* x, size_t ld, size_t n, size_t k, bfloat1
 }
 
 void split(const float* x, size_t n, bfloat16* hi, bfloat16* lo) {
-  if (cpu_has_bf16()) return split_native(x, n, hi, lo);
+  if (native()) return split_native(x, n, hi, lo);  // (path(): a ScopedPath pins this too)
   for (size_t i = 0; i < n; ++i) {
     hi[i] = to_bfloat16(x[i]);
     const float h = to_float(hi[i]);

@@ -193,21 +193,23 @@ TEST(CpuFlash, RefusesDouble) {
 // Every SIMD target compiled in and supported here (AVX-512, AVX2, SSE4, SSSE3, emulated
 // 128-bit or scalar) runs a few sweep cases, so a CI machine without AVX-512 runs the code it
 // will really use, and this machine checks the code paths it would not otherwise take.
+// The references are computed once, before the targets.
 TEST(CpuFlash, EveryCompiledTargetMatchesReference) {
   const std::vector<std::string> targets = simd_targets();
   ASSERT_FALSE(targets.empty());
+  Case masked = sized(1, 4, 2, 97, 300, 59, 24);
+  masked.mask = MaskKind::both;
+  masked.scoring.causal = Causal::top_left;
+  masked.need_weights = true;
+  Case dropout = sized(1, 4, 2, 7, 300, 64, 64);
+  dropout.scoring.dropout_p = 0.2;
+  dropout.need_weights = true;
+  const Reference masked_ref = reference_of(masked, 51, true), dropout_ref = reference_of(dropout, 52, true);
   for (const std::string& target : targets) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    Case c = sized(1, 4, 2, 97, 300, 59, 24);
-    c.mask = MaskKind::both;
-    c.scoring.causal = Causal::top_left;
-    c.need_weights = true;
-    check_case(c, 51);
-    c = sized(1, 4, 2, 7, 300, 64, 64);
-    c.scoring.dropout_p = 0.2;
-    c.need_weights = true;
-    check_case(c, 52);
+    check_case(masked, masked_ref);
+    check_case(dropout, dropout_ref);
     // NaN still reaches its row on every target (the exponential relies on no special case).
     Tensor<float> q({1, 1, 2, 2}, {std::nanf(""), 1.0f, 0.5f, 0.5f}), k({1, 1, 3, 2}, 0.25f), v({1, 1, 3, 1}, 1.0f);
     Options<float> opt;

@@ -37,10 +37,9 @@ FlashRule& rule = check_case.rule;
 // Query lengths 1..16 against key lengths around the chunk sizes (256 keys for up to 7 rows per
 // kv head, more for more rows), head sizes whole and ragged against the vector width (run_sweep).
 TEST(Decode, MatchesReferenceOverTheSweep) {
-  const Sweep sweep{.lengths = every_pair({1, 2, 5, 16}, {1, 7, 97, 256, 257, 1025, 4099}),
+  check_case.sweep({.lengths = every_pair({1, 2, 5, 16}, {1, 7, 97, 256, 257, 1025, 4099}),
                     .heads = {{2, 2}, {4, 2}, {6, 1}, {1, 1}, {32, 8}},
-                    .first_seed = 3000};
-  check_case.sweep(sweep);
+                    .first_seed = 3000});
 }
 
 // Many rows per kv head (MQA, 32 heads × 16 queries = 512 rows: row blocks of 64 and chunks of
@@ -247,19 +246,22 @@ TEST(Decode, RejectsWhatItCannotDo) {
 }
 
 // Every SIMD target compiled in and supported here runs a few cases (whole and ragged rows, half
-// storage), so a machine without AVX-512 runs the code it will really use.
+// storage), so a machine without AVX-512 runs the code it will really use. The float case's
+// reference is computed once, before the targets.
 TEST(Decode, EveryCompiledTargetMatchesReference) {
+  Case c = sized(1, 8, 2, 3, 600, 64, 59);
+  c.mask = MaskKind::both;
+  c.scoring.causal = Causal::top_left;
+  const Reference ref = reference_of(c, 111, false);
+  Case half = c;
+  half.scoring.causal = Causal::bottom_right;
+  half.qk_dim = half.v_dim = 128;
   for (const std::string& target : simd_targets()) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    Case c = sized(1, 8, 2, 3, 600, 64, 59);
-    c.mask = MaskKind::both;
-    c.scoring.causal = Causal::top_left;
-    check_case(c, 111);
-    c.scoring.causal = Causal::bottom_right;
-    c.qk_dim = c.v_dim = 128;
-    check_half_storage<bfloat16>(c, 112);
-    check_half_storage<float16>(c, 113);
+    check_case(c, ref);
+    check_half_storage<bfloat16>(half, 112);
+    check_half_storage<float16>(half, 113);
   }
 }
 

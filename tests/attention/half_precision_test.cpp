@@ -116,43 +116,40 @@ void check_half(const Case& c, uint64_t seed, Backend backend) {
 // 2⁻¹⁴·|x|·|y|. So the same bounds hold with 2⁻¹⁴ in the products' terms and float16's u = 2⁻¹¹
 // for the results' own rounding. (Where the CPU has no AMX every float16 call takes the float
 // products, which meet them too; the sweeps below hold that path to the float call bit for bit.)
+//
+// ProductBounds: the inputs and the reference in double the bounds are computed from, and their
+// gradient terms; check_products: a call on the products' path and SIMD target pinned now, within them.
 template <class Half>
-void check_products(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(std::string(storage_name<Half>()) + " products on " + bf16_gemm::name(bf16_gemm::path()) +
-               ": " + c.describe());
-  Inputs in = make_inputs(c, seed);
+struct ProductBounds {
+  static constexpr bool bf16 = std::is_same_v<Half, bfloat16>;
+  static constexpr double u = bf16 ? 0x1p-8 : 0x1p-11, u_products = bf16 ? 0x1p-8 : 0x1p-14;
+  Inputs in;                           // the case's, rounded to Half
+  Results<double> ref;                 // the reference in double on them
+  double z = 1, max_v = 0;             // 1/(1 − p), max|v|
+  Tensor<double> mag_q, mag_k, mag_v;  // the gradients' bounds but for u·|g64| (without dropout)
+};
+
+template <class T>
+double largest_magnitude(const Tensor<T>& t) {
+  double m = 0;
+  for (auto x : t.values()) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+
+// The inputs, the reference and the magnitudes of the bounds above: none of them depends on the
+// SIMD target or the products' path (the reference runs no SIMD-dispatched code), so a test of
+// every target or path computes them once.
+template <class Half>
+ProductBounds<Half> product_bounds(const Case& c, uint64_t seed) {
+  ProductBounds<Half> bounds;
+  Inputs& in = bounds.in;
+  in = make_inputs(c, seed);
   round_inputs<Half>(in);
-  const Results<Half> h = run<Half>(c, in, Backend::cpu_flash);
-  const Results<double> ref = run<double>(c, in, Backend::reference);
-  constexpr bool bf16 = std::is_same_v<Half, bfloat16>;
-  const double z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0;
-  const double u = bf16 ? 0x1p-8 : 0x1p-11, u_products = bf16 ? 0x1p-8 : 0x1p-14;
-  auto largest = [](const auto& t) {
-    double m = 0;
-    for (auto x : t.values()) m = std::max(m, std::abs(static_cast<double>(x)));
-    return m;
-  };
-  const double max_v = largest(in.v);
-  // decode too (few rows): its Q·Kᵀ on VDPBF16PS where that is the path, on float FMAs on the AMX
-  // path (decode::bf16_scores), P·V in float (within the same bound).
-  std::vector<std::pair<const char*, Tensor<Half>>> outputs{{"cpu_flash", h.fwd.output}};
-  if (c.q_len <= 16 && !c.need_weights)
-    outputs.emplace_back("decode", run_forward<Half>(c, in, Backend::decode).output);
-  for (const auto& [backend, output] : outputs)
-    for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
-      const double o64 = ref.fwd.output[i], o = widen(output[i]);
-      ASSERT_LE(std::abs(o - o64), u_products * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v)
-          << backend << " output[" << i << "]";
-    }
-  for (int64_t i = 0; i < ref.fwd.logsumexp.numel(); ++i) {
-    const double l64 = ref.fwd.logsumexp[i], l = h.fwd.logsumexp[i];
-    if (std::isinf(l64)) {
-      EXPECT_EQ(l, l64) << "logsumexp[" << i << "]";
-    } else {
-      EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
-    }
-  }
-  if (c.scoring.dropout_p > 0) return;
+  bounds.ref = run<double>(c, in, Backend::reference);
+  const Results<double>& ref = bounds.ref;
+  bounds.z = c.scoring.dropout_p > 0 ? 1 / (1 - c.scoring.dropout_p) : 1.0;
+  bounds.max_v = largest_magnitude(in.v);
+  if (c.scoring.dropout_p > 0) return bounds;
   // The magnitudes of the bounds above, from the reference's weights.
   Case with_weights = c;
   with_weights.need_weights = true;
@@ -167,7 +164,7 @@ void check_products(const Case& c, uint64_t seed) {
   // exponential within 2⁻²²: ε·P, which grows with the scores (ALiBi over 16 500 keys: |s| in the
   // thousands), negligible beside bfloat16's u but not beside 2⁻¹⁴. D = Σ P·dP / Σ P then errs
   // by at most 2·Σ_j ε_j·P_j·|dP_j|, and dS = P∘(dP − D) by (u_products + ε)·P·(|dP| + |D|) + P·ΔD.
-  const double gamma = (4.0 * static_cast<double>(Dk) + 2) * 0x1p-24;
+  const double gamma = (4.0 * static_cast<double>(Dk) + 2) * 0x1p-24, u_products = ProductBounds<Half>::u_products;
   std::vector<double> dp(static_cast<size_t>(S)), eps(static_cast<size_t>(S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hq = 0; hq < H; ++hq)
@@ -203,16 +200,53 @@ void check_products(const Case& c, uint64_t seed) {
           }
         }
       }
+  bounds.mag_q = std::move(mag_q);
+  bounds.mag_k = std::move(mag_k);
+  bounds.mag_v = std::move(mag_v);
+  return bounds;
+}
+
+// cpu_flash (and decode, with few rows) in Half on the bounds' inputs, on the products' path and
+// SIMD target pinned now, within the bounds.
+template <class Half>
+void check_products(const Case& c, const ProductBounds<Half>& bounds) {
+  SCOPED_TRACE(std::string(storage_name<Half>()) + " products on " + bf16_gemm::name(bf16_gemm::path()) +
+               ": " + c.describe());
+  const Inputs& in = bounds.in;
+  const Results<double>& ref = bounds.ref;
+  const Results<Half> h = run<Half>(c, in, Backend::cpu_flash);
+  const double z = bounds.z, max_v = bounds.max_v;
+  constexpr double u = ProductBounds<Half>::u, u_products = ProductBounds<Half>::u_products;
+  // decode too (few rows): its Q·Kᵀ on VDPBF16PS where that is the path, on float FMAs on the AMX
+  // path (decode::bf16_scores), P·V in float (within the same bound).
+  std::vector<std::pair<const char*, Tensor<Half>>> outputs{{"cpu_flash", h.fwd.output}};
+  if (c.q_len <= 16 && !c.need_weights)
+    outputs.emplace_back("decode", run_forward<Half>(c, in, Backend::decode).output);
+  for (const auto& [backend, output] : outputs)
+    for (int64_t i = 0; i < ref.fwd.output.numel(); ++i) {
+      const double o64 = ref.fwd.output[i], o = widen(output[i]);
+      ASSERT_LE(std::abs(o - o64), u_products * z * max_v + u * std::abs(o64) + 0x1p-16 * max_v)
+          << backend << " output[" << i << "]";
+    }
+  for (int64_t i = 0; i < ref.fwd.logsumexp.numel(); ++i) {
+    const double l64 = ref.fwd.logsumexp[i], l = h.fwd.logsumexp[i];
+    if (std::isinf(l64)) {
+      EXPECT_EQ(l, l64) << "logsumexp[" << i << "]";
+    } else {
+      EXPECT_LE(std::abs(l - l64), 1e-5 * (1 + std::abs(l64))) << "logsumexp[" << i << "]";
+    }
+  }
+  if (c.scoring.dropout_p > 0) return;
   auto expect_gradient = [&](const Tensor<Half>& g, const Tensor<double>& g64,
                              const Tensor<double>& magnitude, const char* name) {
-    const double slack = 0x1p-16 * largest(g64);
+    const double slack = 0x1p-16 * largest_magnitude(g64);
     for (int64_t i = 0; i < g64.numel(); ++i)
       ASSERT_LE(std::abs(widen(g[i]) - g64[i]), magnitude[i] + u * std::abs(g64[i]) + slack)
           << name << "[" << i << "]";
   };
-  expect_gradient(h.grads.grad_query, ref.grads.grad_query, mag_q, "grad_query");
-  expect_gradient(h.grads.grad_key, ref.grads.grad_key, mag_k, "grad_key");
-  expect_gradient(h.grads.grad_value, ref.grads.grad_value, mag_v, "grad_value");
+  expect_gradient(h.grads.grad_query, ref.grads.grad_query, bounds.mag_q, "grad_query");
+  expect_gradient(h.grads.grad_key, ref.grads.grad_key, bounds.mag_k, "grad_key");
+  expect_gradient(h.grads.grad_value, ref.grads.grad_value, bounds.mag_v, "grad_value");
 }
 
 TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
@@ -220,17 +254,18 @@ TEST(HalfPrecision, Bf16ProductsWithinTheirRounding) {
   // The last length is past kLongKeys (blocks.h): the forward's shared pack, the backward's two
   // sweeps over key segments.
   const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
-  // Each path the products can take here (AMX tiles and VDPBF16PS where the CPU has both).
-  for (bf16_gemm::Path path : bf16_gemm::paths()) {
-    if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
-    const bf16_gemm::ScopedPath pin(path);
-    for (int n = 0; n < 28; ++n) {
-      // Query and value heads of one size in every other case: the backward runs on the bf16 pairs
-      // only then (of other sizes it is the float call's, below).
-      const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
-      Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
-      vary_options(c, n, heads, 3);
-      check_products<bfloat16>(c, 900 + static_cast<uint64_t>(n));
+  for (int n = 0; n < 28; ++n) {
+    // Query and value heads of one size in every other case: the backward runs on the bf16 pairs
+    // only then (of other sizes it is the float call's, below).
+    const int64_t dqk = n % 3 == 0 ? 128 : n % 3 == 1 ? 19 : 40;
+    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1], dqk, n % 2 ? 24 : dqk);
+    vary_options(c, n, heads, 3);
+    const ProductBounds<bfloat16> bounds = product_bounds<bfloat16>(c, 900 + static_cast<uint64_t>(n));
+    // Each path the products can take here (AMX tiles and VDPBF16PS where the CPU has both).
+    for (bf16_gemm::Path path : bf16_gemm::paths()) {
+      if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
+      const bf16_gemm::ScopedPath pin(path);
+      check_products(c, bounds);
     }
   }
 }
@@ -245,11 +280,12 @@ TEST(HalfPrecision, Bf16BackwardInRowBlocksOfEitherSize) {
   c.sinks = true;
   Inputs in = make_inputs(c, 811);
   round_inputs<bfloat16>(in);
+  const ProductBounds<bfloat16> bounds = product_bounds<bfloat16>(c, 810);  // once, before the paths
   for (bf16_gemm::Path path : bf16_gemm::paths()) {
     if (path == bf16_gemm::Path::float32 && bf16_gemm::native()) continue;
     SCOPED_TRACE(bf16_gemm::name(path));
     const bf16_gemm::ScopedPath pin(path);
-    check_products<bfloat16>(c, 810);
+    check_products(c, bounds);
     const auto [one, two] = on_one_and_two_threads([&] { return run<bfloat16>(c, in, Backend::cpu_flash); });
     expect_bitwise(one, two);
   }
@@ -259,17 +295,18 @@ TEST(HalfPrecision, Float16SplitProductsWithinTheirRounding) {
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {3, 1}};
   // The last length is past kLongKeys (blocks.h): the forward's shared pack.
   const int64_t lengths[][2] = {{7, 7}, {1, 40}, {33, 300}, {130, 97}, {200, 513}, {4, 1100}, {5, 16500}};
-  for (bf16_gemm::Path path : bf16_gemm::paths()) {
-    const bf16_gemm::ScopedPath pin(path);
-    for (int n = 0; n < 28; ++n) {
-      Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1],
-                     n % 3 == 0   ? 128
-                     : n % 3 == 1 ? 19
-                                  : 40,
-                     n % 2 ? 24 : 64);
-      vary_options(c, n, heads, 3);
-      c.need_weights = n % 6 == 1;
-      check_products<float16>(c, 1100 + static_cast<uint64_t>(n));
+  for (int n = 0; n < 28; ++n) {
+    Case c = sized(1, 2, 2, lengths[n % 7][0], lengths[n % 7][1],
+                   n % 3 == 0   ? 128
+                   : n % 3 == 1 ? 19
+                                : 40,
+                   n % 2 ? 24 : 64);
+    vary_options(c, n, heads, 3);
+    c.need_weights = n % 6 == 1;
+    const ProductBounds<float16> bounds = product_bounds<float16>(c, 1100 + static_cast<uint64_t>(n));
+    for (bf16_gemm::Path path : bf16_gemm::paths()) {
+      const bf16_gemm::ScopedPath pin(path);
+      check_products(c, bounds);
     }
   }
 }
@@ -442,6 +479,8 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
   c.scoring.causal = Causal::bottom_right;
   c.scoring.softcap = 30;
   c.sinks = true;
+  const ProductBounds<bfloat16> bf16_bounds = product_bounds<bfloat16>(c, 804);  // once, before the targets
+  const ProductBounds<float16> f16_bounds = product_bounds<float16>(c, 805);
   for (const std::string& target : simd_targets()) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
@@ -450,8 +489,8 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
       check_half<bfloat16>(c, 801, Backend::cpu_flash);
       check_half<float16>(c, 802, Backend::decode);
     }
-    check_products<bfloat16>(c, 804);
-    check_products<float16>(c, 805);
+    check_products(c, bf16_bounds);
+    check_products(c, f16_bounds);
   }
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);

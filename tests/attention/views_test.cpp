@@ -11,6 +11,7 @@
 
 #include "../support/assertions.h"
 #include "../support/attention_cases.h"
+#include "../support/gradient_check.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
 #include "mha/core/view.h"
@@ -19,13 +20,7 @@ namespace mha::attention {
 namespace {
 
 using mha::testing::expect_error;
-
-template <class T>
-Tensor<T> random_tensor(const Shape& shape, Generator& gen) {
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = static_cast<T>(gen.uniform(-1.0, 1.0));
-  return t;
-}
+using mha::testing::random_tensor;  // uniform in [-1, 1)
 
 // (B, H, N, D) data stored as (B, N, H, D) with `pad` unused elements after each row of H·D
 // (a slice of a wider buffer): the layout of projections split into heads without a copy.

@@ -13,6 +13,7 @@
 
 #include "../support/assertions.h"
 #include "../support/attention_cases.h"
+#include "../support/gradient_check.h"
 #include "mha/attention/attention.h"
 #include "mha/core/random.h"
 #include "mha/core/view.h"
@@ -24,13 +25,6 @@ using mha::testing::expect_error;
 using test_cases::copy_of;
 using test_cases::FlashRule;
 using test_cases::max_diff;
-
-template <class T>
-Tensor<T> random_tensor(const Shape& shape, Generator& gen) {
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = static_cast<T>(gen.uniform(-2.0, 2.0));
-  return t;
-}
 
 template <class T>
 void fill(Tensor<T>& t, T value) {
@@ -139,8 +133,10 @@ TEST(WholeCall, QueryAndHeadBlocksGiveTheWholeCallsRowsBitForBit) {
 TEST(WholeCall, HeadBlocksSumTheirGradientsInTheWholeCallsOrder) {
   Generator gen(3);
   const int64_t n = 400;
-  const Tensor<float> q = random_tensor<float>({1, 4, n, D}, gen), k = random_tensor<float>({1, 2, n, D}, gen),
-                      v = random_tensor<float>({1, 2, n, Dv}, gen), dout = random_tensor<float>({1, 4, n, Dv}, gen);
+  // Uniform in [-2, 2).
+  auto draw = [&](const Shape& shape) { return mha::testing::random_tensor<float>(shape, gen, -2.0, 2.0); };
+  const Tensor<float> q = draw({1, 4, n, D}), k = draw({1, 2, n, D}), v = draw({1, 2, n, Dv}),
+                      dout = draw({1, 4, n, Dv});
   Options<float> opt;
   opt.backend = Backend::cpu_flash;
   opt.causal = Causal::top_left;

@@ -91,6 +91,14 @@ class AttentionVariantsCli : public mha::testing::CliTest {
     return {std::istreambuf_iterator<char>(in), {}};
   }
 
+  // `command --inputs IN --output OUT` (files of the test's directory) succeeds; else what it printed.
+  ::testing::AssertionResult writes(const std::string& command, const std::string& inputs,
+                                    const std::string& output) const {
+    const CliResult r = run_cli(command + "--inputs " + path(inputs) + " --output " + path(output));
+    if (r.exit_code == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "exit code " << r.exit_code << ": " << r.output;
+  }
+
   Generator gen{6};
   Tensor<double> query, key, value, grad_output, sinks, slopes;
 };
@@ -102,9 +110,7 @@ TEST_F(AttentionVariantsCli, WritesWhatTheModuleComputes) {
   in.tensors["sinks"] = st::from_tensor(sinks);
   in.tensors["alibi_slopes"] = st::from_tensor(slopes);
   st::save(in, path("inputs.safetensors"));
-  const CliResult r = run_cli(std::string(kCommon) + "--softcap 1.5 --inputs " + path("inputs.safetensors") +
-                              " --output " + path("out.safetensors"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(writes(std::string(kCommon) + "--softcap 1.5 ", "inputs.safetensors", "out.safetensors"));
   const st::File out = st::load(path("out.safetensors"));
 
   nn::MultiheadAttentionOptions o;
@@ -141,12 +147,8 @@ TEST_F(AttentionVariantsCli, AlibiWritesTheFileOfItsBiasAsAMask) {
         bias[(bh * kLen + i) * kSrc + j] = -slopes[bh] * static_cast<double>(std::abs(i + kSrc - kLen - j));
   masked.tensors["attn_mask"] = st::from_tensor(bias);
   st::save(masked, path("masked.safetensors"));
-  const CliResult a = run_cli(std::string(kCommon) + "--inputs " + path("alibi.safetensors") + " --output " +
-                              path("alibi_out.safetensors"));
-  const CliResult b = run_cli(std::string(kCommon) + "--inputs " + path("masked.safetensors") + " --output " +
-                              path("masked_out.safetensors"));
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  ASSERT_EQ(b.exit_code, 0) << b.output;
+  ASSERT_TRUE(writes(kCommon, "alibi.safetensors", "alibi_out.safetensors"));
+  ASSERT_TRUE(writes(kCommon, "masked.safetensors", "masked_out.safetensors"));
   EXPECT_EQ(bytes("alibi_out.safetensors"), bytes("masked_out.safetensors"));
 }
 
@@ -175,24 +177,14 @@ TEST_F(AttentionVariantsCli, BadValuesAreRefused) {
 
 TEST_F(AttentionVariantsCli, WindowWritesTheFileOfTheWindowAsAMask) {
   write_window_inputs();
-  const std::string common = "attention --embed-dim 8 --num-heads 2 --dtype float64 --backward --seed 4 ";
-  const CliResult windowed = run_cli(common + "--window 2,1 --inputs " + path("inputs.safetensors") + " --output " +
-                                     path("windowed.safetensors"));
-  ASSERT_EQ(windowed.exit_code, 0) << windowed.output;
-  const CliResult masked = run_cli(common + "--inputs " + path("masked.safetensors") + " --output " +
-                                   path("masked_out.safetensors"));
-  ASSERT_EQ(masked.exit_code, 0) << masked.output;
-  const CliResult plain = run_cli(common + "--inputs " + path("inputs.safetensors") + " --output " +
-                                  path("plain.safetensors"));
-  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const std::string common = kCommon;
+  ASSERT_TRUE(writes(common + "--window 2,1 ", "inputs.safetensors", "windowed.safetensors"));
+  ASSERT_TRUE(writes(common, "masked.safetensors", "masked_out.safetensors"));
+  ASSERT_TRUE(writes(common, "inputs.safetensors", "plain.safetensors"));
   EXPECT_EQ(bytes("windowed.safetensors"), bytes("masked_out.safetensors"));
   EXPECT_NE(bytes("windowed.safetensors"), bytes("plain.safetensors"));  // the window does something
-  const CliResult chunked = run_cli(common + "--chunk-size 3 --inputs " + path("inputs.safetensors") + " --output " +
-                                    path("chunked.safetensors"));
-  ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
-  const CliResult chunk_masked = run_cli(common + "--inputs " + path("chunk_masked.safetensors") + " --output " +
-                                         path("chunk_masked_out.safetensors"));
-  ASSERT_EQ(chunk_masked.exit_code, 0) << chunk_masked.output;
+  ASSERT_TRUE(writes(common + "--chunk-size 3 ", "inputs.safetensors", "chunked.safetensors"));
+  ASSERT_TRUE(writes(common, "chunk_masked.safetensors", "chunk_masked_out.safetensors"));
   EXPECT_EQ(bytes("chunked.safetensors"), bytes("chunk_masked_out.safetensors"));
   EXPECT_NE(bytes("chunked.safetensors"), bytes("plain.safetensors"));
 }

@@ -25,8 +25,6 @@ namespace st = mha::safetensors;
 using mha::testing::CliResult;
 using mha::testing::run_cli;
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 class CliErrors : public mha::testing::CliTest {
  protected:
   void SetUp() override {
@@ -201,7 +199,7 @@ TEST_F(CliErrors, UnwritableOutputsLeaveNothing) {
 
 // The outputs of `mha train` and `mha eval`, with the real data (the runs are a few steps).
 TEST_F(CliErrors, TrainAndEvalOutputsThatCannotBeWritten) {
-  if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  if (!mha::testing::have_fashion_mnist()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   const std::string tiny =
       "train --train-limit 64 --test-limit 16 --batch-size 32 --epochs 1 --width 8 --heads 1 "
       "--hidden 8 --blocks 1 --input-projection ";

@@ -32,6 +32,16 @@ class SentenceCli : public mha::testing::CliTest {
         << "A man is eating food.\r\nCafé 東京 😀\n\n" + std::string(600, 'x') + long_line() + "\n[MASK] last line";
   }
   std::string model() const { return shell_quote(minilm_dir()); }
+
+  // `command --model MODEL --input INPUT` fails with `needle` in its message and writes no --output.
+  void expect_failure(const std::string& command, const std::string& model, const std::string& input,
+                      const std::string& needle) {
+    const CliResult r =
+        run_cli(command + " --model " + model + " --input " + input + " --output " + path("out.safetensors"));
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << command << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors"))) << command;
+  }
   static std::string long_line() {  // 300 words: truncated to 256 tokens
     std::string line;
     for (int i = 0; i < 300; ++i) line += " word";
@@ -107,26 +117,13 @@ TEST_F(SentenceCli, EmptyInputGivesNoRows) {
 TEST_F(SentenceCli, BadInputIsOneLineNamingItAndLeavesNoFile) {
   std::ofstream(path("bad.txt"), std::ios::binary) << "fine\nnot \xff fine\n";
   for (const char* command : {"tokenize", "embed"}) {
-    const CliResult r = run_cli(std::string(command) + " --model " + model() + " --input " + path("bad.txt") +
-                                " --output " + path("out.safetensors"));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("line 2: invalid UTF-8 at byte 4"), std::string::npos) << r.output;
-    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
-    const CliResult m = run_cli(std::string(command) + " --model " + path("nowhere") + " --input " + path("in.txt") +
-                                " --output " + path("out.safetensors"));
-    EXPECT_NE(m.exit_code, 0);
-    EXPECT_NE(m.output.find("vocab.txt: cannot open"), std::string::npos) << m.output;
-    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
+    expect_failure(command, model(), path("bad.txt"), "line 2: invalid UTF-8 at byte 4");
+    expect_failure(command, path("nowhere"), path("in.txt"), "vocab.txt: cannot open");
   }
   // A directory as --input used to read as an empty file: exit 0 with empty outputs.
   std::filesystem::create_directory(path("a_directory"));
-  for (const char* command : {"tokenize", "embed"}) {
-    const CliResult r = run_cli(std::string(command) + " --model " + model() + " --input " + path("a_directory") +
-                                " --output " + path("out.safetensors"));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("--input: expected a text file, got a directory"), std::string::npos) << r.output;
-    EXPECT_FALSE(std::filesystem::exists(path("out.safetensors")));
-  }
+  for (const char* command : {"tokenize", "embed"})
+    expect_failure(command, model(), path("a_directory"), "--input: expected a text file, got a directory");
   const CliResult b = run_cli("embed --model " + model() + " --input " + path("in.txt") + " --output " +
                               path("out.safetensors") + " --batch-size 0");
   EXPECT_NE(b.exit_code, 0);

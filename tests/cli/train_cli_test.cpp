@@ -18,8 +18,6 @@ namespace st = mha::safetensors;
 using mha::testing::CliResult;
 using mha::testing::run_cli;
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 using TrainCli = mha::testing::CliTest;
 
 // A small, fast configuration: 640 training images, 2 epochs of 10 steps.
@@ -50,7 +48,7 @@ TEST_F(TrainCli, BadFlagsGiveOneLineErrors) {
 }
 
 TEST_F(TrainCli, TrainsResumesAndEvaluates) {
-  if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  if (!mha::testing::have_fashion_mnist()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   // Uninterrupted.
   auto r = run_cli("train " + kSmall + " --checkpoint-dir " + path("straight") + " --step-log " + path("steps.tsv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

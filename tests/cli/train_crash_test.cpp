@@ -44,8 +44,6 @@ namespace fs = std::filesystem;
 namespace st = mha::safetensors;
 using Clock = std::chrono::steady_clock;
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 constexpr int64_t kEpochs = 16;
 // Small enough that the whole run takes about a second, with a checkpoint (and two pictures)
 // written after each of its 16 epochs of 8 steps. Dropout, so the resumed run must also restore
@@ -161,7 +159,7 @@ void expect_same_checkpoint(const std::string& path, const std::string& referenc
 using TrainCrash = testing::CliTest;
 
 TEST_F(TrainCrash, KilledAnywhereThenResumedEndsBitwiseEqual) {
-  if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  if (!mha::testing::have_fashion_mnist()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   const Clock::time_point test_start = Clock::now();
 
   // The uninterrupted run, twice: the reference checkpoint (the same both times), and how long a

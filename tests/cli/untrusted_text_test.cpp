@@ -25,8 +25,6 @@ namespace st = mha::safetensors;
 
 using namespace mha::testing;  // the CLI runner and the printable checks
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 // A hostile piece of a name, and how mha shows it.
 const std::string kHostile = "\x1b]0;x\x07\xff\x1b[2J";
 const std::string kHostileShown = "\\x1b]0;x\\x07\\xff\\x1b[2J";
@@ -179,7 +177,7 @@ TEST_F(UntrustedTextCli, FlagValuesOptionNamesAndCommands) {
 
 // What `mha train` and `mha eval` print besides errors: the paths they wrote or read.
 TEST_F(UntrustedTextCli, TrainAndEvalPrintPathsEscaped) {
-  if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   const std::string tiny =
       "train --train-limit 64 --test-limit 16 --batch-size 32 --epochs 1 --width 8 --heads 1 "
       "--hidden 8 --blocks 1 --input-projection --checkpoint-dir " +

@@ -108,8 +108,6 @@ TEST_F(WriteErrorsOfOutput, HeatmapUnderFileSizeLimit) { expect_file_size_limit_
 
 // ---- mha train and mha eval (the Fashion-MNIST files needed) ---------------------------------
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 // A very small model: one epoch of two steps.
 const std::string kTiny =
     "train --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --width 4 --heads 1 --hidden 4 --blocks 1 "
@@ -118,7 +116,7 @@ const std::string kTiny =
 class WriteErrorsOfTraining : public WriteErrors {
  protected:
   void SetUp() override {
-    if (!have_data()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
+    if (!mha::testing::have_fashion_mnist()) GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
     // A run with nothing in the way: what each file's size is when it is written whole.
     fs::create_directory(path("free"));
     const CliResult r = run_cli(kTiny + " --checkpoint-dir " + path("free") + " --step-log " + path("free/steps.tsv") +

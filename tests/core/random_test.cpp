@@ -57,21 +57,35 @@ TEST(Dropout, EdgeProbabilitiesAndDeterminism) {
   EXPECT_GT(differences, 400);
 }
 
-TEST(Generator, UniformMoments) {
-  mha::Generator generator(42);
-  constexpr int kCount = 200000;
+// The mean and the variance (of the population) of `count` draws of draw().
+struct Moments {
+  double mean, variance;
+};
+
+template <class Draw>
+Moments moments(int count, Draw draw) {
   double sum = 0;
   double sum_squares = 0;
-  for (int i = 0; i < kCount; ++i) {
-    const double u = generator.uniform();
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    sum += u;
-    sum_squares += u * u;
+  for (int i = 0; i < count; ++i) {
+    const double x = draw();
+    sum += x;
+    sum_squares += x * x;
   }
-  const double mean = sum / kCount;
-  EXPECT_NEAR(mean, 0.5, 0.005);
-  EXPECT_NEAR(sum_squares / kCount - mean * mean, 1.0 / 12.0, 0.002);
+  const double mean = sum / count;
+  return {mean, sum_squares / count - mean * mean};
+}
+
+TEST(Generator, UniformMoments) {
+  mha::Generator generator(42);
+  int outside = 0;  // draws outside [0, 1)
+  const Moments m = moments(200000, [&] {
+    const double u = generator.uniform();
+    outside += u < 0.0 || u >= 1.0;
+    return u;
+  });
+  ASSERT_EQ(outside, 0);
+  EXPECT_NEAR(m.mean, 0.5, 0.005);
+  EXPECT_NEAR(m.variance, 1.0 / 12.0, 0.002);
 
   mha::Generator ranged(3);
   for (int i = 0; i < 1000; ++i) {
@@ -83,17 +97,9 @@ TEST(Generator, UniformMoments) {
 
 TEST(Generator, NormalMoments) {
   mha::Generator generator(7);
-  constexpr int kCount = 200000;
-  double sum = 0;
-  double sum_squares = 0;
-  for (int i = 0; i < kCount; ++i) {
-    const double x = generator.normal(1.0, 2.0);
-    sum += x;
-    sum_squares += x * x;
-  }
-  const double mean = sum / kCount;
-  EXPECT_NEAR(mean, 1.0, 0.03);
-  EXPECT_NEAR(std::sqrt(sum_squares / kCount - mean * mean), 2.0, 0.03);
+  const Moments m = moments(200000, [&] { return generator.normal(1.0, 2.0); });
+  EXPECT_NEAR(m.mean, 1.0, 0.03);
+  EXPECT_NEAR(std::sqrt(m.variance), 2.0, 0.03);
 }
 
 TEST(Generator, SameSeedSameStream) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../support/assertions.h"
+#include "../support/temp_dir.h"
 #include "mha/data/fashion_mnist.h"
 
 namespace {
@@ -59,24 +60,6 @@ Bytes gzip(const Bytes& raw) {
   return out;
 }
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("mha_idx_test_" + std::to_string(::getpid()))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string write(const std::string& name, const Bytes& bytes) const {
-    const fs::path p = path_ / name;
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                             static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 TEST(Idx, ParsesImagesAndLabels) {
   const Bytes file = images_file(3, 2, 4);
   const mha::data::IdxImages images = mha::data::parse_idx_images(file, "x");
@@ -89,7 +72,7 @@ TEST(Idx, ParsesImagesAndLabels) {
 }
 
 TEST(Idx, ReadsGzippedAndPlainFiles) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_idx_test");
   const Bytes raw = images_file(5, 3, 3);
   const auto plain = mha::data::read_idx_images(dir.write("plain-idx3-ubyte", raw));
   const auto zipped = mha::data::read_idx_images(dir.write("zipped-idx3-ubyte.gz", gzip(raw)));
@@ -152,7 +135,7 @@ TEST(Idx, RefusesLabelsOutOfRange) {
 }
 
 TEST(Idx, RefusesDamagedGzip) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_idx_test");
   const Bytes zipped = gzip(images_file(20, 5, 5));
   Bytes cut(zipped.begin(), zipped.begin() + static_cast<long>(zipped.size() / 2));
   EXPECT_TRUE(throws_error([&] { mha::data::read_idx_images(dir.write("cut.gz", cut)); },
@@ -168,7 +151,7 @@ TEST(Idx, RefusesDamagedGzip) {
 }
 
 TEST(Idx, RefusesMissingFiles) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_idx_test");
   const std::string missing = (dir.path() / "nope.gz").string();
   EXPECT_TRUE(throws_error([&] { mha::data::read_idx_images(missing); }, {missing, "no such file"}));
   EXPECT_TRUE(throws_error([&] { mha::data::read_idx_images(dir.path().string()); }, {"expected a file"}));
@@ -180,7 +163,7 @@ TEST(Idx, RefusesMissingFiles) {
 }
 
 TEST(FashionMnist, PairsImagesWithLabelsAndChecksCounts) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_idx_test");
   const std::string images = dir.write("i", images_file(3, 2, 2)), labels = dir.write("l", labels_file({0, 1}));
   EXPECT_TRUE(throws_error([&] { mha::data::load_idx_pair(images, labels, 10); },
                            {images, "3 images", labels, "2 labels", "same count"}));
@@ -192,7 +175,7 @@ TEST(FashionMnist, PairsImagesWithLabelsAndChecksCounts) {
 TEST(FashionMnist, LoaderNamesTheMissingDirectoryAndFiles) {
   EXPECT_TRUE(throws_error([] { mha::data::load_fashion_mnist("/nonexistent/fm", mha::data::Split::train); },
                            {"/nonexistent/fm", "does not exist", "dataset-fashion-mnist"}));
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_idx_test");
   EXPECT_TRUE(throws_error([&] { mha::data::load_fashion_mnist(dir.path().string(), mha::data::Split::test); },
                            {"missing", "t10k-images-idx3-ubyte.gz", "dataset-fashion-mnist"}));
   // 28 x 28 is required.

@@ -261,6 +261,18 @@ TEST(GELU, ApproximationNames) {
                            {"GELU: approximate: expected \"none\" or \"tanh\", got \"erf\""}));
 }
 
+// The layer `name`'s backward refuses an empty cache (no forward first), then a grad_output of
+// another shape than the forward's input.
+template <class Layer>
+void expect_backward_errors(const std::string& name) {
+  Layer layer;
+  typename Layer::Cache cache;
+  EXPECT_TRUE(throws_error([&] { layer.backward(Tensor<double>({2}), cache); }, {name + "::backward: cache"}));
+  layer.forward(Tensor<double>({4}), &cache);
+  EXPECT_TRUE(throws_error([&] { layer.backward(Tensor<double>({2}), cache); },
+                           {name + "::backward: grad_output: expected shape [4], got [2]"}));
+}
+
 TEST(Activations, BadInputsThrowTellingErrors) {
   EXPECT_TRUE(throws_error([] { mha::nn::relu(Tensor<double>()); }, {"relu: input", "undefined"}));
   EXPECT_TRUE(throws_error([] { mha::nn::gelu(Tensor<double>()); }, {"gelu: input", "undefined"}));
@@ -277,20 +289,8 @@ TEST(Activations, BadInputsThrowTellingErrors) {
   EXPECT_TRUE(
       throws_error([] { mha::nn::gelu(Tensor<double>({2}), static_cast<GeluApproximation>(7)); },
                    {"gelu: approximation", "got the value 7"}));
-  ReLU<double> relu;
-  ReLU<double>::Cache rc;
-  EXPECT_TRUE(
-      throws_error([&] { relu.backward(Tensor<double>({2}), rc); }, {"ReLU::backward: cache"}));
-  relu.forward(Tensor<double>({4}), &rc);
-  EXPECT_TRUE(throws_error([&] { relu.backward(Tensor<double>({2}), rc); },
-                           {"ReLU::backward: grad_output: expected shape [4], got [2]"}));
-  GELU<double> gelu;
-  GELU<double>::Cache gc;
-  EXPECT_TRUE(
-      throws_error([&] { gelu.backward(Tensor<double>({2}), gc); }, {"GELU::backward: cache"}));
-  gelu.forward(Tensor<double>({4}), &gc);
-  EXPECT_TRUE(throws_error([&] { gelu.backward(Tensor<double>({2}), gc); },
-                           {"GELU::backward: grad_output: expected shape [4], got [2]"}));
+  expect_backward_errors<ReLU<double>>("ReLU");
+  expect_backward_errors<GELU<double>>("GELU");
 }
 
 }  // namespace

@@ -86,6 +86,17 @@ void expect_golden(const Golden& g, const std::string& prefix, const std::string
   EXPECT_LE(err, bound) << what << " (" << (std::is_same_v<T, double> ? "double" : "float") << ")";
 }
 
+// check(g, c) on every case c of the layer's golden file g, which must hold `count` cases.
+template <class Check>
+void for_each_case(const std::string& layer, size_t count, Check check) {
+  const Golden g = Golden::load(layer);
+  ASSERT_EQ(g.cases().size(), count);
+  for (const auto& c : g.cases()) {
+    SCOPED_TRACE(c);
+    check(g, c);
+  }
+}
+
 template <class T>
 class LayerGoldens : public ::testing::Test {};
 using Types = ::testing::Types<float, double>;
@@ -93,10 +104,7 @@ TYPED_TEST_SUITE(LayerGoldens, Types);
 
 TYPED_TEST(LayerGoldens, Linear) {
   using T = TypeParam;
-  const Golden g = Golden::load("linear");
-  ASSERT_EQ(g.cases().size(), 5u);
-  for (const auto& c : g.cases()) {
-    SCOPED_TRACE(c);
+  for_each_case("linear", 5, [](const Golden& g, const std::string& c) {
     const Tensor<T> weight = g.get<T>(c + ".weight");
     const bool bias = g.meta(c + ".bias") == "true";
     ASSERT_EQ(bias, g.has(c + ".bias"));
@@ -109,15 +117,12 @@ TYPED_TEST(LayerGoldens, Linear) {
     expect_golden(g, c, "grad_input", layer.backward(g.get<T>(c + ".grad_output"), cache));
     expect_golden(g, c, "grad_weight", layer.grad_weight);
     if (bias) expect_golden(g, c, "grad_bias", layer.grad_bias);
-  }
+  });
 }
 
 TYPED_TEST(LayerGoldens, LayerNorm) {
   using T = TypeParam;
-  const Golden g = Golden::load("layer_norm");
-  ASSERT_EQ(g.cases().size(), 6u);
-  for (const auto& c : g.cases()) {
-    SCOPED_TRACE(c);
+  for_each_case("layer_norm", 6, [](const Golden& g, const std::string& c) {
     const bool affine = g.meta(c + ".elementwise_affine") == "true";
     const bool bias = g.meta(c + ".bias") == "true";
     const double eps = std::stod(g.meta(c + ".eps"));
@@ -133,15 +138,12 @@ TYPED_TEST(LayerGoldens, LayerNorm) {
     expect_golden(g, c, "grad_input", layer.backward(g.get<T>(c + ".grad_output"), cache));
     if (affine) expect_golden(g, c, "grad_weight", layer.grad_weight);
     if (bias) expect_golden(g, c, "grad_bias", layer.grad_bias);
-  }
+  });
 }
 
 TYPED_TEST(LayerGoldens, Embedding) {
   using T = TypeParam;
-  const Golden g = Golden::load("embedding");
-  ASSERT_EQ(g.cases().size(), 4u);
-  for (const auto& c : g.cases()) {
-    SCOPED_TRACE(c);
+  for_each_case("embedding", 4, [](const Golden& g, const std::string& c) {
     const Tensor<T> weight = g.get<T>(c + ".weight");
     const std::string pad_text = g.meta(c + ".padding_idx");
     std::optional<int64_t> pad;
@@ -153,33 +155,27 @@ TYPED_TEST(LayerGoldens, Embedding) {
     expect_golden(g, c, "output", layer.forward(g.get<int64_t>(c + ".input"), &cache));
     layer.backward(g.get<T>(c + ".grad_output"), cache);
     expect_golden(g, c, "grad_weight", layer.grad_weight);
-  }
+  });
 }
 
 TYPED_TEST(LayerGoldens, GELU) {
   using T = TypeParam;
-  const Golden g = Golden::load("gelu");
-  ASSERT_EQ(g.cases().size(), 4u);
-  for (const auto& c : g.cases()) {
-    SCOPED_TRACE(c);
+  for_each_case("gelu", 4, [](const Golden& g, const std::string& c) {
     mha::nn::GELU<T> layer(g.meta(c + ".approximate"));
     typename mha::nn::GELU<T>::Cache cache;
     expect_golden(g, c, "output", layer.forward(g.get<T>(c + ".input"), &cache));
     expect_golden(g, c, "grad_input", layer.backward(g.get<T>(c + ".grad_output"), cache));
-  }
+  });
 }
 
 TYPED_TEST(LayerGoldens, ReLU) {
   using T = TypeParam;
-  const Golden g = Golden::load("relu");
-  ASSERT_EQ(g.cases().size(), 2u);
-  for (const auto& c : g.cases()) {
-    SCOPED_TRACE(c);
+  for_each_case("relu", 2, [](const Golden& g, const std::string& c) {
     mha::nn::ReLU<T> layer;
     typename mha::nn::ReLU<T>::Cache cache;
     expect_golden(g, c, "output", layer.forward(g.get<T>(c + ".input"), &cache));
     expect_golden(g, c, "grad_input", layer.backward(g.get<T>(c + ".grad_output"), cache));
-  }
+  });
 }
 
 }  // namespace

@@ -55,6 +55,16 @@ MultiheadAttentionOptions options(int64_t embed_dim, int64_t num_heads) {
   return o;
 }
 
+// E = 4, 2 heads on `backend`, in eval mode, its parameters drawn from `seed` (randomise).
+template <class T>
+MultiheadAttention<T> random_module(attention::Backend backend, uint64_t seed) {
+  MultiheadAttention<T> m(options(4, 2), 0);
+  m.backend = backend;
+  m.eval();
+  randomise(m, seed);
+  return m;
+}
+
 // ------------------------------------------------------------------------------------------
 // Logits of ±1e4. E = 1, one head (scale 1), every projection weight 1 and bias 0, so q = k = v
 // = x and the scores are x_i·x_j. x = (100, −100, 0):
@@ -98,10 +108,7 @@ TEST(MultiheadAttentionNumerics, LogitsOfPlusMinus1e4StayFiniteForwardAndBackwar
 // NaN, batch 1 all finite, with need_weights True and False.
 TEST(MultiheadAttentionNumerics, NanPropagatesLikePyTorch) {
   for_every_backend([]<class T>(attention::Backend backend, double) {
-    MultiheadAttention<T> m(options(4, 2), 0);
-    m.backend = backend;
-    m.eval();
-    randomise(m, 3);
+    MultiheadAttention<T> m = random_module<T>(backend, 3);
     Generator gen(4);
     Tensor<T> query = random_tensor<T>({3, 2, 4}, gen), key = random_tensor<T>({5, 2, 4}, gen);
     const Tensor<T> value = random_tensor<T>({5, 2, 4}, gen);
@@ -140,10 +147,7 @@ TEST(MultiheadAttentionNumerics, NanPropagatesLikePyTorch) {
 // weights are 0 and every gradient is 0 except out_proj.bias's, which is Σ grad_output.
 TEST(MultiheadAttentionNumerics, EveryKeyMaskedGivesTheBiasAndZeroGradients) {
   for_every_backend([]<class T>(attention::Backend backend, double tol) {
-    MultiheadAttention<T> m(options(4, 2), 0);
-    m.backend = backend;
-    m.eval();
-    randomise(m, 5);
+    MultiheadAttention<T> m = random_module<T>(backend, 5);
     Generator gen(6);
     const Tensor<T> query = random_tensor<T>({3, 2, 4}, gen), key = random_tensor<T>({5, 2, 4}, gen);
     const Tensor<T> value = random_tensor<T>({5, 2, 4}, gen);
@@ -180,10 +184,7 @@ TEST(MultiheadAttentionNumerics, EveryKeyMaskedGivesTheBiasAndZeroGradients) {
 // With no keys there is nothing to attend to: the attention is 0 and the output is the bias.
 TEST(MultiheadAttentionNumerics, ZeroLengthSequencesGivePyTorchsShapesAndValues) {
   for_every_backend([]<class T>(attention::Backend backend, double tol) {
-    MultiheadAttention<T> m(options(4, 2), 0);
-    m.backend = backend;
-    m.eval();
-    randomise(m, 7);
+    MultiheadAttention<T> m = random_module<T>(backend, 7);
     const Tensor<T> bias = parameter(m, "out_proj.bias");
     struct Case {
       Shape query, key, output, weights;

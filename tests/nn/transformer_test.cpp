@@ -240,14 +240,8 @@ TEST(TransformerEncoderLayer, GradientsMatchFiniteDifferences) {
   for (bool norm_first : {false, true}) {
     for (Activation act : {Activation::relu, Activation::gelu}) {
       for (double p : {0.0, 0.3}) {
-        TransformerEncoderLayerOptions o;
-        o.d_model = 8;
-        o.nhead = 2;
-        o.dim_feedforward = 12;
-        o.dropout = p;
-        o.activation = act;
-        o.norm_first = norm_first;
-        o.batch_first = true;
+        const TransformerEncoderLayerOptions o{.d_model = 8, .nhead = 2, .dim_feedforward = 12, .dropout = p,
+                                               .activation = act, .batch_first = true, .norm_first = norm_first};
         TransformerEncoderLayer<double> layer(o, 5);
         layer.train();
         TransformerEncoderArgs<double> args;
@@ -345,13 +339,8 @@ TEST(PackedTransformerEncoderLayer, MatchesTheLayersEvalForward) {
   mha::Generator gen(21);
   for (bool norm_first : {false, true}) {
     for (Activation act : {Activation::relu, Activation::gelu}) {
-      TransformerEncoderLayerOptions o;
-      o.d_model = 48;
-      o.nhead = 6;
-      o.dim_feedforward = 80;
-      o.activation = act;
-      o.norm_first = norm_first;
-      o.batch_first = true;
+      const TransformerEncoderLayerOptions o{.d_model = 48, .nhead = 6, .dim_feedforward = 80, .activation = act,
+                                             .batch_first = true, .norm_first = norm_first};
       TransformerEncoderLayer<float> layer(o, 2);
       for (auto& p : layer.parameters()) *p.value = mha::testing::random_tensor<float>(p.value->shape(), gen, -0.5, 0.5);
       layer.eval();

@@ -3,8 +3,9 @@
 // sweeps, the reference's gradient checks, whole-call blocks, views, per-sequence lengths and the
 // context-parallel schemes): a case's shapes, its mask kind, its Scoring and need_weights; its
 // inputs (normal values, masks of every kind and broadcast shape), a run on one backend, the
-// error measure and the FlashAttention rule, and the sweep the fast backends share. A test with
-// further axes (a backend, a scheme, a layout) wraps a Case in a struct of its own.
+// error measure, the FlashAttention rule and the reference's results it holds a fast backend to
+// (computed once for a case checked on every SIMD target), and the sweep the fast backends share.
+// A test with further axes (a backend, a scheme, a layout) wraps a Case in a struct of its own.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -385,23 +386,45 @@ struct FlashRule {
   }
 };
 
-// A fast backend (cpu_flash or decode) on one case against the reference in float and double,
-// under `rule`: the output and logsumexp, the weights when asked for, and (but for decode, a
-// forward kernel whose backward is cpu_flash's) the three gradients.
-inline void check_against_reference(Backend backend, const Case& c, uint64_t seed, FlashRule& rule) {
+// The reference on one case's inputs (make_inputs(c, seed)), in float and double: what a fast
+// backend is held to. With `backward` the gradients too (cpu_flash's check), else the forward
+// alone (decode's: grads left empty). The reference runs no SIMD-dispatched code (plain loops on
+// float and double), so its results are the same on every SIMD target: a sweep over the targets
+// computes them once per case and seed.
+struct Reference {
+  Inputs in;
+  bool backward = true;
+  Results<float> ref32;
+  Results<double> ref64;
+};
+
+inline Reference reference_of(const Case& c, uint64_t seed, bool backward) {
+  Reference r{make_inputs(c, seed), backward, {}, {}};
+  if (backward) {
+    r.ref32 = run<float>(c, r.in, Backend::reference);
+    r.ref64 = run<double>(c, r.in, Backend::reference);
+  } else {
+    r.ref32.fwd = run_forward<float>(c, r.in, Backend::reference);
+    r.ref64.fwd = run_forward<double>(c, r.in, Backend::reference);
+  }
+  return r;
+}
+
+// A fast backend (cpu_flash or decode) on one case against the reference in float and double
+// (`ref`, on the same inputs), under `rule`: the output and logsumexp, the weights when asked for,
+// and (but for decode, a forward kernel whose backward is cpu_flash's) the three gradients.
+inline void check_against_reference(Backend backend, const Case& c, const Reference& ref, FlashRule& rule) {
   SCOPED_TRACE(std::string(name_of(backend)) + " " + c.describe());
-  const Inputs in = make_inputs(c, seed);
+  const Results<float>& ref32 = ref.ref32;
+  const Results<double>& ref64 = ref.ref64;
   if (backend == Backend::decode) {
-    const ForwardResult<float> got = run_forward<float>(c, in, backend);
-    const ForwardResult<float> ref32 = run_forward<float>(c, in, Backend::reference);
-    const ForwardResult<double> ref64 = run_forward<double>(c, in, Backend::reference);
-    rule.expect(got.output, ref32.output, ref64.output, "output");
-    rule.expect(got.logsumexp, ref32.logsumexp, ref64.logsumexp, "logsumexp");
+    const ForwardResult<float> got = run_forward<float>(c, ref.in, backend);
+    rule.expect(got.output, ref32.fwd.output, ref64.fwd.output, "output");
+    rule.expect(got.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
     return;
   }
-  const Results<float> got = run<float>(c, in, backend);
-  const Results<float> ref32 = run<float>(c, in, Backend::reference);
-  const Results<double> ref64 = run<double>(c, in, Backend::reference);
+  ASSERT_TRUE(ref.backward) << "the reference's gradients were not computed";
+  const Results<float> got = run<float>(c, ref.in, backend);
   rule.expect(got.fwd.output, ref32.fwd.output, ref64.fwd.output, "output");
   rule.expect(got.fwd.logsumexp, ref32.fwd.logsumexp, ref64.fwd.logsumexp, "logsumexp");
   rule.expect(got.grads.grad_query, ref32.grads.grad_query, ref64.grads.grad_query, "grad_query");
@@ -417,6 +440,11 @@ inline void check_against_reference(Backend backend, const Case& c, uint64_t see
     rule.worst_fraction = std::max(rule.worst_fraction, sums.worst_fraction);
   }
   if (c.need_weights) rule.expect(*got.fwd.weights, *ref32.fwd.weights, *ref64.fwd.weights, "weights");
+}
+
+// The same on the inputs of `seed`, the reference computed for this one check.
+inline void check_against_reference(Backend backend, const Case& c, uint64_t seed, FlashRule& rule) {
+  check_against_reference(backend, c, reference_of(c, seed, backend != Backend::decode), rule);
 }
 
 // The sweep of a fast backend: every (L, S) pair of `lengths` with every head size pair (Dqk, Dv:
@@ -443,11 +471,13 @@ int run_sweep(Backend backend, const Sweep& sweep, FlashRule& rule);
 
 // One fast backend's checks and the rule they keep the largest error of, for the report:
 //   BackendCheck check_case{Backend::cpu_flash};  check_case(c, seed);  check_case.sweep(s);
+// (check_case(c, ref) with a Reference computed once, for a case checked on every SIMD target.)
 struct BackendCheck {
   Backend backend;
   FlashRule rule{name_of(backend)};
 
   void operator()(const Case& c, uint64_t seed) { check_against_reference(backend, c, seed, rule); }
+  void operator()(const Case& c, const Reference& ref) { check_against_reference(backend, c, ref, rule); }
   int sweep(const Sweep& s) { return run_sweep(backend, s, rule); }
 };
 
@@ -477,21 +507,24 @@ void expect_same_bits(const Results<T>& got, const Results<T>& want) {
 }
 
 // cpu_flash, and decode where it runs (at most 16 query rows, no weights), against the reference
-// on every SIMD target the CPU runs; case n has seed first_seed + n. Prints the largest fraction
+// on every SIMD target the CPU runs; case n has seed first_seed + n. The references are computed
+// once, before the targets (decode's is the forward of cpu_flash's). Prints the largest fraction
 // of the allowed error under `label`.
 inline void expect_fused_backends_match_reference(const std::vector<Case>& cases, uint64_t first_seed,
                                                   const std::string& label) {
   const std::vector<std::string> targets = simd_targets();
   ASSERT_FALSE(targets.empty());
+  std::vector<Reference> references;
+  uint64_t seed = first_seed;
+  for (const Case& c : cases) references.push_back(reference_of(c, seed++, true));
   FlashRule flash{"cpu_flash"}, decode{"decode"};
   for (const std::string& target : targets) {
     SCOPED_TRACE("target " + target);
     const ScopedSimdTarget pin(target);
-    uint64_t seed = first_seed;
-    for (const Case& c : cases) {
-      check_against_reference(Backend::cpu_flash, c, seed, flash);
-      if (c.q_len <= 16 && !c.need_weights) check_against_reference(Backend::decode, c, seed, decode);
-      ++seed;
+    for (size_t n = 0; n < cases.size(); ++n) {
+      const Case& c = cases[n];
+      check_against_reference(Backend::cpu_flash, c, references[n], flash);
+      if (c.q_len <= 16 && !c.need_weights) check_against_reference(Backend::decode, c, references[n], decode);
     }
   }
   std::cout << "[" << label << "] largest fraction of the allowed error: cpu_flash " << flash.worst_fraction

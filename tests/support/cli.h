@@ -1,7 +1,8 @@
 #pragma once
 // Running the built `mha` binary (or another program) from a test, capturing what it prints and
-// its exit code, optionally under a file-size limit or to be killed at a chosen moment; and
-// CliTest, the fixture of every CLI test: a fresh directory for the files a test writes.
+// its exit code, optionally under a file-size limit or to be killed at a chosen moment; whether
+// the Fashion-MNIST files `mha train` reads are installed; and CliTest, the fixture of every CLI
+// test: a fresh directory for the files a test writes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -126,6 +127,12 @@ inline bool is_symlink(const std::string& path) {
 inline bool is_character_device(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && S_ISCHR(info.st_mode);
+}
+
+// Whether Debian's dataset-fashion-mnist is installed (scripts/install_deps.sh installs it): the
+// files `mha train` and `mha eval` read; a test that needs them skips without.
+inline bool have_fashion_mnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
 }
 
 #ifdef MHA_CLI_PATH

@@ -18,6 +18,7 @@
 #include "../support/assertions.h"
 #include "../support/golden.h"
 #include "../support/printable.h"
+#include "../support/temp_dir.h"
 #include "mha/core/safetensors.h"
 
 namespace {
@@ -64,18 +65,6 @@ TrainingConfig small_config() {
   c.seed = 42;
   return c;
 }
-
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("mha_trainer_test_" + std::to_string(::getpid()))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 TEST(EpochOrder, IsASeededPermutationThatChangesEveryEpoch) {
   const auto a = mha::train::epoch_order(1000, 7, 0), b = mha::train::epoch_order(1000, 7, 0);
@@ -148,7 +137,7 @@ TEST(Trainer, LearnsAndRecordsEachEpoch) {
 // Two epochs straight, or one, a checkpoint, a fresh process's worth of objects and one more:
 // the same weights, optimizer state, dropout counter and history, bit for bit.
 TEST(Trainer, ResumedRunIsBitwiseTheUninterruptedOne) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_trainer_test");
   const auto train = synthetic(230, 3), test = synthetic(40, 4);
   const TrainingConfig c = small_config();
   Trainer straight(c, train, test);
@@ -187,7 +176,7 @@ TEST(Trainer, ResumedRunIsBitwiseTheUninterruptedOne) {
 }
 
 TEST(Trainer, RefusesAMismatchedOrDamagedCheckpoint) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_trainer_test");
   const auto train = synthetic(100, 5), test = synthetic(20, 6);
   TrainingConfig c = small_config();
   Trainer trainer(c, train, test);
@@ -220,7 +209,7 @@ TEST(Trainer, RefusesAMismatchedOrDamagedCheckpoint) {
 // The checkpoint's metadata and tensor names are text from a file: the messages quoting them are
 // escaped (printable, with the escape in place of the control characters).
 TEST(Trainer, QuotesCheckpointMetadataAndNamesEscaped) {
-  TempDir dir;
+  const mha::testing::TempDir dir("mha_trainer_test");
   const auto train = synthetic(100, 5), test = synthetic(20, 6);
   Trainer trainer(small_config(), train, test);
   const std::string path = dir.file("c.safetensors");

@@ -45,29 +45,13 @@
 #include "blocks.h"
 #include "cpu_flash.h"
 #include "mha/core/bf16_gemm.h"
+#include "products.h"
 
 namespace mha::attention::detail {
 
 using namespace cpu_flash;
 
 namespace {
-
-// dst (cols × rows, row stride ld) = srcᵀ, src rows × cols (row stride src_ld): widened to float,
-// or bfloat16 as it is (the bf16 pairs' A operands).
-template <class T, class U>
-void transpose(const T* src, size_t src_ld, size_t rows, size_t cols, U* dst, size_t ld) {
-  constexpr size_t kBlock = 32;  // cache-sized squares
-  for (size_t r0 = 0; r0 < rows; r0 += kBlock)
-    for (size_t c0 = 0; c0 < cols; c0 += kBlock)
-      for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
-        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) {
-          if constexpr (std::is_same_v<T, U>) {
-            dst[c * ld + r] = src[r * src_ld + c];
-          } else {
-            dst[c * ld + r] = widen(src[r * src_ld + c]);
-          }
-        }
-}
 
 // At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
 // still keeps every core busy; fixed by the shape alone.
@@ -193,6 +177,7 @@ struct Scratch {
   Buffer<int64_t> first, end;
   std::vector<KeyRange> visible;  // each row's key range
   Buffer<float> dout;  // a bfloat16/float16 block's dO widened (a float block's is read in place)
+  std::pair<const float*, size_t> dout_rows;  // on float panels: the block's dO rows (in place or dout)
   Buffer<float> cap_slope;  // with a soft-cap: its derivative at each of the block's scores
   // On bf16 pairs: the B operands Kᵀ, Vᵀ (pairs over d) and K (pairs over keys); the block's Q and
   // dO rows, their transposes, a tile's P and dS packed over the rows, and its dS rows.
@@ -243,13 +228,14 @@ void add_row(T* gradient, float* values, size_t n) {
 }
 
 // The backward of one call: the plan, what every thread shares, and the steps. T: the operands'
-// and gradients' type (float, bfloat16, float16), computed in float.
-template <class T>
+// and gradients' type (float, bfloat16, float16), computed in float; Products: the representation
+// its products run on (products.h).
+template <class T, class Products>
 class Backward {
  public:
   Backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a)
       : p_(p), additions_(additions), a_(a),
-        n_(p, backward_on_pairs<T>(p), backward_on_split<T>()),
+        n_(p, Products::pairs && !Products::split, Products::split),
         kvt_partial_(n_.chunks.count > 1 ? to_size(n_.tasks) * n_.kvt_size : 0, uninitialized),
         all_row_dot_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
         all_row_mass_(n_.two_sweeps ? to_size(n_.B * n_.Hq * n_.L) : 0),
@@ -288,24 +274,7 @@ class Backward {
     const size_t k_ld = to_size(a_.key.stride_row);
     const T* v_seg = a_.value.row(b, kv % n_.Hkv, s0);
     const size_t v_ld = to_size(a_.value.stride_row);
-    if (n_.pairs) {
-      if constexpr (std::is_same_v<T, bfloat16>) {
-        bf16_gemm::pack_b_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_pairs.data());
-        bf16_gemm::pack_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data());
-        if (gradients) bf16_gemm::pack_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data());
-      } else if constexpr (std::is_same_v<T, float16>) {
-        const size_t width = n_.kt_width(seg_keys);
-        bf16_gemm::pack_split_b_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_pairs.data(), width);
-        bf16_gemm::pack_split_b_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_pairs.data(), width);
-        if (gradients)
-          bf16_gemm::pack_split_b(k_seg, k_ld, seg_keys, n_.Dqk, s.k_pairs.data(),
-                                  s.k_pairs.data() + n_.k_lo());
-      }
-    } else {
-      pack_transposed(k_seg, k_ld, seg_keys, n_.Dqk, s.kt_packed.data());
-      pack_transposed(v_seg, v_ld, seg_keys, n_.Dv, s.vt_packed.data());
-      if (gradients) pack_rows(k_seg, k_ld, seg_keys, n_.Dqk, s.k_packed.data());
-    }
+    Products::pack_keys(k_seg, k_ld, v_seg, v_ld, seg_keys, gradients, n_, s);
     if (gradients) std::fill(s.kvt.data(), s.kvt.data() + n_.kvt_size, 0.0f);
     const int64_t first_item = chunk * n_.chunks.items_per_chunk;
     const int64_t end_item = std::min(n_.G * n_.query_blocks, first_item + n_.chunks.items_per_chunk);
@@ -324,27 +293,8 @@ class Backward {
     const int64_t s_begin = std::max(s0, walk_start(keys));
     const int64_t s_end = std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end);
     if (s_end <= s_begin) return;
-    const float scale = static_cast<float>(p_.scale);
-    const T* q_block = a_.query.row(b, h, i0);
-    const size_t q_ld = to_size(a_.query.stride_row);
-    if constexpr (!std::is_same_v<T, float>) {
-      if (n_.pairs) {  // Q and dO as they are (or split), rows of even stride (the kernels apply the scale)
-        const T* dout_block = a_.grad_output.row(b, h, i0);
-        const size_t dout_ld = to_size(a_.grad_output.stride_row);
-        for (size_t r = 0; r < rows; ++r) {
-          if constexpr (std::is_same_v<T, bfloat16>) {
-            std::copy_n(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
-            std::copy_n(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
-          } else {
-            bf16_gemm::split_a(q_block + r * q_ld, n_.Dqk, s.q16.data() + r * n_.dq2);
-            bf16_gemm::split_a(dout_block + r * dout_ld, n_.Dv, s.dout16.data() + r * n_.dv2);
-          }
-        }
-      }
-    }
-    if (!n_.pairs)
-      for (size_t r = 0; r < rows; ++r)
-        for (size_t e = 0; e < n_.Dqk; ++e) s.q_scaled[r * n_.Dqk + e] = scale * widen(q_block[r * q_ld + e]);
+    Products::load_rows(a_.query.row(b, h, i0), to_size(a_.query.stride_row), a_.grad_output.row(b, h, i0),
+                        to_size(a_.grad_output.stride_row), rows, static_cast<float>(p_.scale), n_, s);
     for (size_t r = 0; r < rows; ++r) split_logsumexp(*a_.logsumexp.row(b, h, i0 + static_cast<int64_t>(r)), s.lse_hi[r], s.lse_lo[r]);
 
     // The sums that make D go to the whole-row totals in the first of two sweeps; otherwise to
@@ -368,13 +318,8 @@ class Backward {
   // (t0 = j0 − s_begin).
   void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               double* sum_dot, double* sum_mass) {
-    const std::pair<const float*, size_t> dout =
-        n_.pairs ? std::pair<const float*, size_t>{nullptr, 0} : grad_output_rows(s, b, h, i0, rows);
-    const float* dout_block = dout.first;
-    const size_t dout_ld = dout.second;
-    const size_t W = n_.W, ws = n_.walk_stride, seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
-    // On pairs: the depths of S = Q·Kᵀ and dP = dO·Vᵀ (split: four times), Kᵀ's and Vᵀ's width.
-    const size_t dqk = n_.split ? n_.dq2 : n_.Dqk, dv = n_.split ? n_.dv2 : n_.Dv, ldb = n_.kt_width(seg_keys);
+    const size_t ws = n_.walk_stride, seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
+    const size_t ldb = n_.kt_width(seg_keys);  // on pairs: Kᵀ's and Vᵀ's packed width
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
@@ -382,38 +327,14 @@ class Backward {
       float* probs = s.probs.data() + t0;
       float* dprobs = s.dprobs.data() + t0;
       for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
-        const size_t c = c0 + g.first_col, width = g.end_col - g.first_col;
-        if (width > 0 && n_.pairs) {
-          bf16_gemm::multiply(g.rows, width, dqk, s.q16.data() + g.first_row * n_.dq2, n_.dq2,
-                              s.kt_pairs.data() + 2 * c, ldb, probs + g.first_row * ws + g.first_col, ws, false);
-          bf16_gemm::multiply(g.rows, width, dv, s.dout16.data() + g.first_row * n_.dv2, n_.dv2,
-                              s.vt_pairs.data() + 2 * c, ldb, dprobs + g.first_row * ws + g.first_col, ws, false);
-        } else if (width > 0) {
-          multiply(g.rows, width, n_.Dqk, {s.q_scaled.data() + g.first_row * n_.Dqk, n_.Dqk},
-                   packed_columns(s.kt_packed.data(), n_.Dqk, c, W), {probs + g.first_row * ws + g.first_col, ws}, false);
-          multiply(g.rows, width, n_.Dv, {dout_block + g.first_row * dout_ld, dout_ld},
-                   packed_columns(s.vt_packed.data(), n_.Dv, c, W), {dprobs + g.first_row * ws + g.first_col, ws}, false);
-        }
+        if (g.end_col > g.first_col) Products::scores(g, c0 + g.first_col, ldb, n_, s, probs, dprobs, ws);
         fill_beside_band(g, probs, ws, cols);
         fill_beside_band(g, dprobs, ws, cols);
       });
       ScoreTile t = make_tile(p_, additions_, s.tile(t0), probs, ws, b, rows, j0, cols,
                               [&](size_t r) { return std::pair{h, i0 + static_cast<int64_t>(r)}; }, s.visible.data());
-      if (n_.pairs) t.scale = static_cast<float>(p_.scale);  // the products left q·k unscaled
+      if (Products::pairs) t.scale = static_cast<float>(p_.scale);  // the products left q·k unscaled
       probabilities_tile(t, s.lse_hi.data(), s.lse_lo.data(), dprobs, sum_dot, sum_mass);
-    }
-  }
-
-  // The block's dO rows as float, the A operand of dP = dO·Vᵀ: in place, or widened into s.dout.
-  std::pair<const float*, size_t> grad_output_rows(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows) const {
-    const T* dout = a_.grad_output.row(b, h, i0);
-    const size_t ld = to_size(a_.grad_output.stride_row);
-    if constexpr (std::is_same_v<T, float>) {
-      return {dout, ld};
-    } else {
-      for (size_t r = 0; r < rows; ++r)
-        for (size_t e = 0; e < n_.Dv; ++e) s.dout[r * n_.Dv + e] = widen(dout[r * ld + e]);
-      return {s.dout.data(), n_.Dv};
     }
   }
 
@@ -462,37 +383,12 @@ class Backward {
   // Pass B: dS, then dVᵀ += dOᵀ·(P∘Z), dKᵀ += Qᵀ·dS, dQ += dS·K block by block.
   void pass_b(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               bool renormalizing) {
-    const size_t W = n_.W, ks = n_.key_stride, ws = n_.walk_stride, Br = n_.Br, Dqk = n_.Dqk, Dv = n_.Dv;
+    const size_t ws = n_.walk_stride, Dqk = n_.Dqk;
     // A fully masked row (P = 0, dS = 0) takes no part: its columns of Qᵀ and dOᵀ are zeroed
     // and its dQ left 0, so that an Inf or NaN in its q, grad_output or a key cannot make
     // 0·inf = NaN in any gradient (attention.h: such rows have gradient 0).
-    if (n_.pairs && !n_.split) {
-      if constexpr (std::is_same_v<T, bfloat16>) {
-        const size_t br2 = n_.br2;
-        transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt16.data(), br2);
-        transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot16.data(), br2);
-        for (size_t r = 0; r < rows; ++r) {
-          if (!s.fully_masked(r)) continue;
-          for (size_t d = 0; d < Dqk; ++d) s.qt16[d * br2 + r] = bfloat16{0};
-          for (size_t d = 0; d < Dv; ++d) s.dot16[d * br2 + r] = bfloat16{0};
-        }
-      }
-    } else {
-      transpose(a_.query.row(b, h, i0), to_size(a_.query.stride_row), rows, Dqk, s.qt.data(), Br);
-      transpose(a_.grad_output.row(b, h, i0), to_size(a_.grad_output.stride_row), rows, Dv, s.dot.data(), Br);
-      for (size_t r = 0; r < rows; ++r) {
-        if (!s.fully_masked(r)) continue;
-        for (size_t d = 0; d < Dqk; ++d) s.qt[d * Br + r] = 0.0f;
-        for (size_t d = 0; d < Dv; ++d) s.dot[d * Br + r] = 0.0f;
-      }
-      if (n_.split) {  // the transposes (float16's values, exact in float) split into hi and lo
-        const size_t br2 = n_.br2;
-        for (size_t d = 0; d < Dqk; ++d)
-          bf16_gemm::split(s.qt.data() + d * Br, rows, s.qt16.data() + d * br2, s.qt16.data() + (Dqk + d) * br2);
-        for (size_t d = 0; d < Dv; ++d)
-          bf16_gemm::split(s.dot.data() + d * Br, rows, s.dot16.data() + d * br2, s.dot16.data() + (Dv + d) * br2);
-      }
-    }
+    Products::transposes(a_.query.row(b, h, i0), to_size(a_.query.stride_row), a_.grad_output.row(b, h, i0),
+                         to_size(a_.grad_output.stride_row), rows, n_, s);
     std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
     const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
@@ -500,53 +396,14 @@ class Backward {
                    t0 = to_size(j0 - s_begin);
       float* block_probs = s.probs.data() + t0;
       float* block_ds = s.dprobs.data() + t0;
-      // On bf16 pairs P∘Z and dS come rounded to bfloat16 (as PyTorch's kernel multiplies them),
-      // packed over the rows for dVᵀ and dKᵀ (ldb Bc) and dS also as rows for dQ.
-      const size_t Bc = n_.Bc;
-      // Split: their lo parts after the hi ones.
-      const size_t pairs_size = bf16_gemm::packed_size(Br, Bc);
-      const Bf16Operands bf16{s.p_pairs.data(),
-                              s.ds_pairs.data(),
-                              Bc,
-                              s.ds16.data(),
-                              Bc,
-                              n_.split ? s.p_pairs.data() + pairs_size : nullptr,
-                              n_.split ? s.ds_pairs.data() + pairs_size : nullptr,
-                              n_.split ? s.ds16.data() + Br * Bc : nullptr};
+      Bf16Operands operands;
       score_gradients_tile(block_probs, block_ds, ws, rows, cols, s.delta.data(),
                            p_.dropout() ? s.factors.data() + t0 : nullptr, renormalizing ? s.renorm.data() : nullptr,
-                           p_.softcapped() ? s.cap_slope.data() + t0 : nullptr, n_.pairs ? &bf16 : nullptr);
-      if (n_.pairs) {
-        // Each product on its operands' hi parts, and split also lo·hi and hi·lo (blocks.h).
-        auto terms = [&](const bfloat16* a, size_t a_lo, const bfloat16* b, size_t b_lo, auto&& multiply_ab) {
-          multiply_ab(a, b);
-          if (!n_.split) return;
-          multiply_ab(a + a_lo, b);
-          multiply_ab(a, b + b_lo);
-        };
-        terms(s.dot16.data(), Dv * n_.br2, s.p_pairs.data(), pairs_size, [&](const bfloat16* a, const bfloat16* b) {
-          bf16_gemm::multiply(Dv, cols, rows, a, n_.br2, b, Bc, s.dvt(n_) + c0, ks, true);
-        });
-        terms(s.qt16.data(), Dqk * n_.br2, s.ds_pairs.data(), pairs_size, [&](const bfloat16* a, const bfloat16* b) {
-          bf16_gemm::multiply(Dqk, cols, rows, a, n_.br2, b, Bc, s.dkt() + c0, ks, true);
-        });
-        for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
-          if (g.end_col > g.first_col)
-            terms(s.ds16.data() + g.first_row * Bc + g.first_col, Br * Bc, s.k_pairs.data() + (c0 + g.first_col) * Dqk,
-                  n_.k_lo(), [&](const bfloat16* a, const bfloat16* b) {
-                    bf16_gemm::multiply(g.rows, Dqk, g.end_col - g.first_col, a, Bc, b, Dqk,
-                                        s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded, true);
-                  });
-        });
-        continue;
-      }
-      multiply(Dv, cols, rows, {s.dot.data(), Br}, {block_probs, ws, W}, {s.dvt(n_) + c0, ks}, true);
-      multiply(Dqk, cols, rows, {s.qt.data(), Br}, {block_ds, ws, W}, {s.dkt() + c0, ks}, true);
+                           p_.softcapped() ? s.cap_slope.data() + t0 : nullptr,
+                           Products::operands(n_, s, operands));
+      Products::add_kv_gradients(rows, cols, c0, block_probs, block_ds, ws, n_, s);
       for_each_band(n_.banded, s.visible.data(), rows, j0, cols, n_.step, [&](const Band& g) {
-        if (g.end_col > g.first_col)
-          multiply(g.rows, Dqk, g.end_col - g.first_col, {block_ds + g.first_row * ws + g.first_col, ws},
-                   {s.k_packed.data() + (c0 + g.first_col) * W, W, seg_keys * W},
-                   {s.dq.data() + g.first_row * n_.dqk_padded, n_.dqk_padded}, true);
+        if (g.end_col > g.first_col) Products::add_dq(g, c0, block_ds, ws, seg_keys, n_, s);
       });
     }
     // These query rows belong to this task alone (within the segment): dQ += scale·dS·K,
@@ -640,7 +497,7 @@ void cpu_flash_backward(const Problem& p, const ScoreAdditions<T>& additions, co
   // only by a block of the rows' keys (D = dO·O); the gradients are added to (they start at 0, or
   // hold what a caller accumulates into).
   if (p.batch * p.query_heads * p.query_len == 0 || p.key_len == 0) return;
-  Backward<T>(p, additions, a).run();
+  with_backward_products<T>(p, [&](auto products) { Backward<T, decltype(products)>(p, additions, a).run(); });
 }
 
 template void cpu_flash_backward(const Problem&, const ScoreAdditions<float>&, const BackwardArgs<float>&);

@@ -39,11 +39,10 @@ int64_t chunk_keys(size_t rows) {
 // (docs/generation.md). Not where the CPU has AMX tiles: on that Intel host the hardware
 // prefetcher alone brings the keys sooner (bfloat16 cache, 2 threads, alternating runs: B 8, Hkv 8,
 // S 4 096 7.12 → 6.58 ms; B 1, S 32 768 6.97 → 6.56; Hkv 32 11.43 → 10.79; a float32 cache within
-// 1% either way). AMX marks that family of CPUs here; the results are the same bits either way.
-bool keys_prefetched() {
-  static const bool prefetched = bf16_gemm::paths().back() != bf16_gemm::Path::amx;
-  return prefetched;
-}
+// 1% either way). AMX marks that family of CPUs here (bf16_gemm::path(), the one bf16 decision,
+// which a ScopedPath pins: pinned below AMX, a run takes the other family's choice); the results
+// are the same bits either way.
+bool keys_prefetched() { return bf16_gemm::path() != bf16_gemm::Path::amx; }
 
 // The call's shape as decode cuts it: the rows of a (b, kv head) and the key chunks.
 struct Plan {

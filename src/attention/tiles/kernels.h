@@ -47,7 +47,9 @@ struct ScoreTile {
   float scale = 1.0f;
   // When given, online_softmax_tile writes the tile's probabilities here as bfloat16 (rounded to
   // nearest even, subnormals to 0 on AVX-512; row stride `stride`: the A operand of O += P·V on
-  // bfloat16 operands) instead of into `scores`. Only where the CPU has AVX512_BF16.
+  // bfloat16 operands) instead of into `scores`. Only where the CPU has AVX512_BF16: the kernels
+  // round by VCVTNEPS2BF16 on every AVX-512 target, and only the bf16 products set this
+  // (cpu_flash/products.h, chosen where bf16_gemm::path() is not float32, which needs it).
   bfloat16* probs_bf16 = nullptr;
   // With probs_bf16, for float16's split products (cpu_flash/blocks.h, forward_on_split): what
   // rounding P to probs_bf16 left, rounded to bfloat16 here (P within 2⁻¹⁶·P of the two together).
