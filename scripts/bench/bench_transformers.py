@@ -9,6 +9,9 @@ inputs, same threads, same run (the contenders take turns, medians).
               models at 4 096 tokens against "eager" (transformers has no other path for them)
     llama     a Llama-shaped model at 4 096 tokens, float32 and bfloat16, against "sdpa": end to
               end, and the attention function alone (each call timed) with its share of the time
+    padded    a left-padded batch of four 2 048-token rows (0, 300, 900 and 1 500 padding tokens;
+              Llama-shaped) against "sdpa": the padding reaches mha as lengths, end to end and
+              the attention alone
     generate  256 greedy tokens after a 4 096-token prompt (Llama-shaped), tokens/s
     overhead  mha.transformers.attention_forward at a decode step (one query, 4 096 keys) against
               the operator it calls, µs per call
@@ -69,9 +72,9 @@ def shape_of(family):
             "head_dim": head_dim, "layers": c.num_hidden_layers, **extra}
 
 
-def forward(model, ids):
+def forward(model, ids, mask=None):
     with torch.inference_mode():
-        model(input_ids=ids)
+        model(input_ids=ids, attention_mask=mask)
 
 
 def peak_child(family, implementation, tokens):
@@ -171,6 +174,30 @@ def main():
               f"sdpa {total['sdpa']:.3f} s (x{total['sdpa'] / total['mha']:.2f}); attention mha {attention['mha']:.3f} s "
               f"({100 * attention['mha'] / total['mha']:.0f}% of the time), sdpa {attention['sdpa']:.3f} s "
               f"({100 * attention['sdpa'] / total['sdpa']:.0f}%), x{attention['sdpa'] / attention['mha']:.2f}", flush=True)
+
+    # 3b. A left-padded batch (padding as lengths for mha, a mask for sdpa), float32.
+    length = 2048 // scale
+    padded_ids = torch.randint(1, 1000, (4, length), generator=torch.Generator().manual_seed(2))
+    padded_mask = torch.ones(4, length, dtype=torch.long)
+    for row, pad in enumerate((0, 300 // scale, 900 // scale, 1500 // scale)):
+        padded_mask[row, :pad] = 0
+    models = {impl: build("llama", impl) for impl in ("mha", "sdpa")}
+    total, attention = {}, {}
+    for impl, model in models.items():
+        spent, restore = timed_attention(impl)
+        try:
+            forward(model, padded_ids, padded_mask)
+            spent.clear()
+            total[impl] = interleaved({impl: (lambda m=model: forward(m, padded_ids, padded_mask), 1)}, 3)[impl]
+            attention[impl] = statistics.median(spent) * model.config.num_hidden_layers
+        finally:
+            restore()
+    report["cases"]["padded_llama"] = {"shape": shape_of("llama"), "batch": 4, "tokens": length,
+                                       "padding": [int((padded_mask[r] == 0).sum()) for r in range(4)],
+                                       "seconds": total, "attention_seconds": attention}
+    print(f"left-padded batch, Llama-shaped, 4 x {length} tokens: end to end mha {total['mha']:.3f} s, sdpa "
+          f"{total['sdpa']:.3f} s (x{total['sdpa'] / total['mha']:.2f}); attention mha {attention['mha']:.3f} s, sdpa "
+          f"{attention['sdpa']:.3f} s (x{attention['sdpa'] / attention['mha']:.2f})", flush=True)
 
     # 4. Generation: 256 greedy tokens after a 4 096-token prompt.
     new = 256 // scale
