@@ -52,16 +52,13 @@ struct Plan {
   // Rows are read in place (and converted to float as they are loaded) when they are whole
   // vectors; otherwise each block is first converted into a zero-padded float buffer.
   bool stage_k, stage_v;
-  // bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row length, read
-  // in place); the values as the float path reads them.
-  bool bf16;
   size_t dq, dv;
   int64_t chunk, chunks, tasks;
 
-  Plan(const Problem& p, bool bf16)
+  explicit Plan(const Problem& p)
       : B(p.batch), Hq(p.query_heads), Hkv(p.kv_heads), L(p.query_len), G(p.group_size()), R(to_size(G * L)),
         Dqk(to_size(p.qk_head_dim)), Dv(to_size(p.v_head_dim)), N(decode::lanes()), stage_k(Dqk % N != 0),
-        stage_v(Dv % N != 0), bf16(bf16), dq(round_up(std::max<size_t>(Dqk, 1), N)), dv(round_up(std::max<size_t>(Dv, 1), N)),
+        stage_v(Dv % N != 0), dq(round_up(std::max<size_t>(Dqk, 1), N)), dv(round_up(std::max<size_t>(Dv, 1), N)),
         chunk(chunk_keys(R)) {
     // Chunks up to the last key any sequence's rows see; a chunk past a sequence's own range is a
     // task that reads nothing.
@@ -88,24 +85,6 @@ struct Partials {
         out(to_size(n.tasks) * n.R * n.dv, Buffer<float>::Uninitialized) {}
 };
 
-// One thread's buffers.
-struct Scratch {
-  Buffer<float> k_block, v_block;  // staged blocks (zero padding stays zero)
-  Buffer<float> q_scaled;
-  Buffer<bfloat16> q16;  // bfloat16 queries as they are, for qk_scores_bf16 (the kernels apply the scale)
-  Buffer<float> scores, bias, factors;
-  Buffer<int64_t> first, end;
-  Buffer<double> merged;
-  int64_t scaled_for = -1;  // the (b, kv head) whose queries q_scaled holds
-
-  Scratch(const Plan& n, bool masked, bool dropout)
-      : k_block(n.stage_k ? kBlockKeys * n.dq : 0), v_block(n.stage_v ? kBlockKeys * n.dv : 0),
-        q_scaled(n.R * n.dq), q16(n.bf16 ? n.R * n.Dqk : 0), scores(std::min(n.R, kBlockRows) * kBlockKeys),
-        bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
-        factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
-        merged(n.Dv) {}
-};
-
 // A block of keys or values as the kernels read it: the cache's rows, or a staged float copy.
 template <class Kv>
 struct Operand {
@@ -114,23 +93,84 @@ struct Operand {
   size_t stride;
 };
 
+// decode's representations of Q·Kᵀ, one type each (as cpu_flash's products.h): the query rows as
+// the A operand, whether the keys are staged, the scores, and what the tile kernels must do. P·V
+// is the float kernel's in both (the values read in place, or staged, as float).
+//   FloatScores  scale·q in float (the scale folded in once), keys in place when their rows are
+//                whole vectors, else staged as zero-padded floats (qk_scores);
+//   Bf16Scores   bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row
+//                length, read in place; q unscaled, the kernels scale each score as they read it),
+//                where bf16_scores() says VDPBF16PS is the best of the CPU's bf16 paths.
+// with_decode_scores resolves it once per call; a new representation is a type here and its case.
+struct FloatScores {
+  using A = float;
+  static size_t a_stride(const Plan& n) { return n.dq; }
+  static bool stages_keys(const Plan& n) { return n.stage_k; }
+  template <class T>
+  static void load_q(const T* q, const Plan& n, float scale, A* dst) {
+    for (size_t e = 0; e < n.Dqk; ++e) dst[e] = scale * widen(q[e]);
+  }
+  // The first row block prefetches the values of keys read in place (`prefetch_v`, rows as long).
+  template <class Kv>
+  static void scores(const Plan& n, const A* q, size_t rows, const Operand<Kv>& k, size_t cols, float* out, size_t ld,
+                     const Kv* prefetch_v, size_t v_stride) {
+    if (k.staged)
+      decode::qk_scores(q, n.dq, rows, k.staged, k.stride, cols, n.dq, out, ld);
+    else
+      decode::qk_scores(q, n.dq, rows, k.rows, k.stride, cols, n.dq, out, ld, prefetch_v, v_stride);
+  }
+  static void prepare(tiles::ScoreTile&, float) {}
+};
+
+struct Bf16Scores {
+  using A = bfloat16;
+  static size_t a_stride(const Plan& n) { return n.Dqk; }
+  static bool stages_keys(const Plan&) { return false; }
+  static void load_q(const bfloat16* q, const Plan& n, float, A* dst) { std::copy_n(q, n.Dqk, dst); }
+  static void scores(const Plan& n, const A* q, size_t rows, const Operand<bfloat16>& k, size_t cols, float* out,
+                     size_t ld, const bfloat16* prefetch_v, size_t v_stride) {
+    decode::qk_scores_bf16(q, n.Dqk, rows, k.rows, k.stride, cols, n.Dqk, out, ld, prefetch_v, v_stride);
+  }
+  static void prepare(tiles::ScoreTile& t, float scale) { t.scale = scale; }
+};
+
+template <class T, class Kv, class F>
+void with_decode_scores(F&& f) {
+  if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16>) {
+    if (decode::bf16_scores()) return f(Bf16Scores{});
+  }
+  f(FloatScores{});
+}
+
+// One thread's buffers.
+template <class Scores>
+struct Scratch {
+  Buffer<float> k_block, v_block;  // staged blocks (zero padding stays zero)
+  Buffer<typename Scores::A> q;    // the group's query rows as the scores' A operand
+  Buffer<float> scores, bias, factors;
+  Buffer<int64_t> first, end;
+  Buffer<double> merged;
+  int64_t scaled_for = -1;  // the (b, kv head) whose queries q holds
+
+  Scratch(const Plan& n, bool masked, bool dropout)
+      : k_block(n.stage_k ? kBlockKeys * n.dq : 0), v_block(n.stage_v ? kBlockKeys * n.dv : 0),
+        q(n.R * Scores::a_stride(n)), scores(std::min(n.R, kBlockRows) * kBlockKeys),
+        bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
+        factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
+        merged(n.Dv) {}
+};
+
 // Task (b, kv head, chunk): the online softmax of the group's R rows over the chunk's keys that
 // sequence b's rows see, left as the task's partials.
-template <class T, class Kv>
+template <class Scores, class T, class Kv>
 void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a,
-                  const Plan& n, Partials& part, Scratch& s, int64_t task) {
+                  const Plan& n, Partials& part, Scratch<Scores>& s, int64_t task) {
   const int64_t bkv = task / n.chunks, b = bkv / n.Hkv, kv = bkv % n.Hkv;
-  if (bkv != s.scaled_for) {  // scale·q for the group's rows (the scale folded in once), or q in bfloat16
+  const size_t q_stride = Scores::a_stride(n);
+  if (bkv != s.scaled_for) {  // the group's query rows, once per (b, kv head)
     for (size_t r = 0; r < n.R; ++r) {
       const auto [h, i] = n.row(kv, r);
-      const T* q = a.query.row(b, h, i);
-      if constexpr (std::is_same_v<T, bfloat16>) {
-        if (n.bf16) {
-          std::copy_n(q, n.Dqk, s.q16.data() + r * n.Dqk);
-          continue;
-        }
-      }
-      for (size_t e = 0; e < n.Dqk; ++e) s.q_scaled[r * n.dq + e] = static_cast<float>(p.scale) * widen(q[e]);
+      Scores::load_q(a.query.row(b, h, i), n, static_cast<float>(p.scale), s.q.data() + r * q_stride);
     }
     s.scaled_for = bkv;
   }
@@ -154,7 +194,7 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       return staged ? Operand<Kv>{nullptr, block.data(), padded}
                     : Operand<Kv>{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
     };
-    const Operand<Kv> k = operand(a.key, n.stage_k && !n.bf16, s.k_block, n.Dqk, n.dq);
+    const Operand<Kv> k = operand(a.key, Scores::stages_keys(n), s.k_block, n.Dqk, n.dq);
     const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
 
     // The next block's keys (when it has as many, read in place, rows as long as the values'),
@@ -168,23 +208,15 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
       const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
-      if (n.bf16) {  // on the bf16 instructions, the keys in place, q unscaled (t.scale below)
-        if constexpr (std::is_same_v<Kv, bfloat16>)
-          decode::qk_scores_bf16(s.q16.data() + r0 * n.Dqk, n.Dqk, rows, k.rows, k.stride, cols, n.Dqk, s.scores.data(),
-                                 Bc, prefetch_v ? v.rows : nullptr, v.stride);
-      } else if (k.staged) {
-        decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.staged, k.stride, cols, n.dq, s.scores.data(), Bc);
-      } else {  // the first row block prefetches these keys' values (read in place, rows as long)
-        decode::qk_scores(s.q_scaled.data() + r0 * n.dq, n.dq, rows, k.rows, k.stride, cols, n.dq, s.scores.data(), Bc,
-                          prefetch_v ? v.rows : nullptr, v.stride);
-      }
+      Scores::scores(n, s.q.data() + r0 * q_stride, rows, k, cols, s.scores.data(), Bc, prefetch_v ? v.rows : nullptr,
+                     v.stride);
       // Consecutive rows may belong to different query heads.
       const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
                                        s.factors.size() ? s.factors.data() : nullptr, nullptr, s.first.data(),
                                        s.end.data()};
       tiles::ScoreTile t = tiles::make_tile(p, additions, scratch, s.scores.data(), Bc, b, rows, j0, cols,
                                             [&](size_t r) { return n.row(kv, r0 + r); });
-      if (n.bf16) t.scale = static_cast<float>(p.scale);
+      Scores::prepare(t, static_cast<float>(p.scale));
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
       if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
@@ -199,8 +231,8 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
 // The merge of row x (of B·Hkv·R), chunks in order (see decode.h). A chunk whose keys the row
 // cannot see left l = 0 and adds nothing; a row that saw nothing at all gets output 0 and
 // logsumexp −inf (or the sink's logit); a NaN anywhere in a row's sums makes its row NaN.
-template <class T, class Kv>
-void merge_chunks(const ForwardArgs<T, Kv>& a, const Plan& n, const Partials& part, Scratch& s, int64_t x) {
+template <class T, class Kv, class Scores>
+void merge_chunks(const ForwardArgs<T, Kv>& a, const Plan& n, const Partials& part, Scratch<Scores>& s, int64_t x) {
   const int64_t bkv = x / static_cast<int64_t>(n.R), b = bkv / n.Hkv, kv = bkv % n.Hkv;
   const size_t r = to_size(x % static_cast<int64_t>(n.R));
   const auto [h, i] = n.row(kv, r);
@@ -238,16 +270,19 @@ template <class T, class Kv>
 void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // output (B, Hq, L, Dv)  logsumexp (B, Hq, L); rows at any strides
-  const Plan n(p, std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16> && decode::bf16_scores());
+  const Plan n(p);
   Partials part(n);
+  with_decode_scores<T, Kv>([&](auto scores) {
+    using Scores = decltype(scores);
 #pragma omp parallel
-  {
-    Scratch s(n, additions.present(), p.dropout());
+    {
+      Scratch<Scores> s(n, additions.present(), p.dropout());
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < n.tasks; ++task) decode_chunk(p, additions, a, n, part, s, task);
+      for (int64_t task = 0; task < n.tasks; ++task) decode_chunk(p, additions, a, n, part, s, task);
 #pragma omp for schedule(static)
-    for (int64_t x = 0; x < n.B * n.Hkv * static_cast<int64_t>(n.R); ++x) merge_chunks(a, n, part, s, x);
-  }
+      for (int64_t x = 0; x < n.B * n.Hkv * static_cast<int64_t>(n.R); ++x) merge_chunks(a, n, part, s, x);
+    }
+  });
 }
 
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float>&);
