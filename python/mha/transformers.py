@@ -205,7 +205,7 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     if unexpressed:
         raise _core.ArgumentError(
             f"attn_implementation=\"mha\": {model}'s attention mask has a part mha does not express as settings "
-            f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks or chunked attention); use "
+            f"({', '.join(sorted(set(unexpressed)))}: e.g. bidirectional image blocks); use "
             f"attn_implementation=\"sdpa\" or \"eager\" for this model")
     own = _known_mask(attention_mask)
     if own is not None:  # a mask this function returned, handed back: built again from its source
