@@ -210,8 +210,9 @@ class MultiheadAttention(_TorchMultiheadAttention):
                   _fields.scoring("none", self.scoring.get("scale"), 0.0, None, self.scoring))
 
     def extra_repr(self):
-        given = {name: value for name, value in self.scoring.items() if value != _fields.MODULE_DEFAULTS[name]}
-        return ", ".join([super().extra_repr()] + [f"{name}={value!r}" for name, value in given.items()])
+        given = {name: value for name, value in getattr(self, "scoring", {}).items()
+                 if value != _fields.MODULE_DEFAULTS[name]}
+        return ", ".join(part for part in [super().extra_repr(), *(f"{n}={v!r}" for n, v in given.items())] if part)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, **views):
