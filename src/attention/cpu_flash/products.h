@@ -219,13 +219,14 @@ struct Bf16Pairs {
     bf16_gemm::pack_b_transposed(v, v_ld, keys, n.Dv, s.vt_pairs.data());
     if (gradients) bf16_gemm::pack_b(k, k_ld, keys, n.Dqk, s.k_pairs.data());
   }
-  // Q and dO as they are, rows of even stride (the kernels apply the scale).
-  template <class T, class Plan, class Scratch>
+  // Q and dO rows as Self::load_q takes them (here as they are; F16Split's split), rows of even
+  // stride (the kernels apply the scale).
+  template <class Self = Bf16Pairs, class T, class Plan, class Scratch>
   static void load_rows(const T* q, size_t q_ld, const T* dout, size_t dout_ld, size_t rows, float,
                         const Plan& n, Scratch& s) {
     for (size_t r = 0; r < rows; ++r) {
-      std::copy_n(q + r * q_ld, n.Dqk, s.q16.data() + r * n.dq2);
-      std::copy_n(dout + r * dout_ld, n.Dv, s.dout16.data() + r * n.dv2);
+      Self::load_q(q + r * q_ld, n.Dqk, 1.0f, s.q16.data() + r * n.dq2);
+      Self::load_q(dout + r * dout_ld, n.Dv, 1.0f, s.dout16.data() + r * n.dv2);
     }
   }
   // On split operands (the depths four times; Kᵀ and Vᵀ split_width's keys wide) as on pairs.
@@ -341,12 +342,9 @@ struct F16Split {
     if (gradients) bf16_gemm::pack_split_b(k, k_ld, keys, n.Dqk, s.k_pairs.data(), s.k_pairs.data() + n.k_lo());
   }
   template <class Plan, class Scratch>
-  static void load_rows(const float16* q, size_t q_ld, const float16* dout, size_t dout_ld, size_t rows, float,
+  static void load_rows(const float16* q, size_t q_ld, const float16* dout, size_t dout_ld, size_t rows, float scale,
                         const Plan& n, Scratch& s) {
-    for (size_t r = 0; r < rows; ++r) {
-      bf16_gemm::split_a(q + r * q_ld, n.Dqk, s.q16.data() + r * n.dq2);
-      bf16_gemm::split_a(dout + r * dout_ld, n.Dv, s.dout16.data() + r * n.dv2);
-    }
+    Bf16Pairs::load_rows<F16Split>(q, q_ld, dout, dout_ld, rows, scale, n, s);
   }
   template <class Plan, class Scratch>
   static void scores(const Band& g, size_t c, size_t ldb, const Plan& n, Scratch& s, float* probs, float* dprobs,
