@@ -11,8 +11,9 @@ operators, autograd and torch.compile included. docs/python.md has the details.
 """
 from __future__ import annotations
 
-from . import _core, _fields
-from ._core import ArgumentError, ArgumentTypeError, get_num_threads, set_num_threads
+from . import _core, _fields, _threads
+from ._fields import ArgumentError, ArgumentTypeError
+from ._threads import get_num_threads, set_num_threads
 from ._sentence import SentenceEncoder
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "SentenceEncoder",
@@ -63,7 +64,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Returns output (..., Hq, L, Ev) (and logsumexp). A row whose keys are all masked gives 0.
     """
     output, logsumexp, _ = _core.forward(query, key, value, attn_mask, dropout_p, _causal(is_causal), scale,
-                                         enable_gqa, dropout_seed, _core.get_num_threads(),
+                                         enable_gqa, dropout_seed, _threads.get_num_threads(),
                                          _fields.variants(variants, "scaled_dot_product_attention"))
     return (output, logsumexp) if return_logsumexp else output
 
@@ -81,7 +82,7 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, attn_m
     be the forward's.
     """
     return _core.backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p,
-                          _causal(is_causal), scale, enable_gqa, dropout_seed, _core.get_num_threads(),
+                          _causal(is_causal), scale, enable_gqa, dropout_seed, _threads.get_num_threads(),
                           _fields.variants(variants, "scaled_dot_product_attention_backward"))
 
 

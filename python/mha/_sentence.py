@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from . import _core, _mha
+from . import _core, _mha, _threads
 from ._core import ArgumentError
 
 
@@ -90,7 +90,7 @@ class SentenceEncoder:
             raise ArgumentError(f"batch_size: expected an int >= 1, got {batch_size!r}")
         batch_size = int(batch_size)
         try:
-            out = self._encoder.encode(items, batch_size, _core.get_num_threads())
+            out = self._encoder.encode(items, batch_size, _threads.get_num_threads())
         except ValueError as e:
             raise ArgumentError(str(e)) from None
         out = np.asarray(out)

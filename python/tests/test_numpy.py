@@ -10,7 +10,7 @@ import pytest
 from conftest import SDPA_CASES, assert_close_f64, assert_flash_rule, load_case
 
 import mha
-from mha import _core, _fields, _mha
+from mha import _core, _fields, _layout, _mha
 
 
 def run_golden(inputs, metadata, dtype):
@@ -64,7 +64,7 @@ def test_backward_recomputes_forward_when_not_given():
 def materialized(query, key, value, mask, gqa):
     """The same problem with every input broadcast and copied to the full (B..., H, n, d) shape
     and the key/value heads repeated (torch's repeat_interleave): what the layout must equal."""
-    layout = _core.Layout(query.shape, key.shape, value.shape, gqa)
+    layout = _layout.Layout(query.shape, key.shape, value.shape, gqa)
     out = []
     for name, x in (("query", query), ("key", key), ("value", value)):
         s = layout.padded[name]

@@ -1,104 +1,18 @@
+// The training loop: the data's order per epoch, evaluation, and a step of AdamW on a batch
+// (its configuration's JSON in config.cpp, its checkpoints in checkpoint.cpp).
 #include "mha/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <numeric>
-#include <set>
 
 #include "mha/core/blas_threads.h"
 #include "mha/core/random.h"
-#include "mha/core/safetensors.h"
 #include "mha/nn/cross_entropy.h"
 
 namespace mha::train {
 namespace {
-
-using json = nlohmann::json;
-namespace st = mha::safetensors;
-
-// ---- Config as JSON ----------------------------------------------------------------------
-
-json model_json(const models::AttentionClassifierConfig& m) {
-  return {{"sequence_length", m.sequence_length}, {"input_dim", m.input_dim},
-          {"embed_dim", m.embed_dim},             {"num_heads", m.num_heads},
-          {"hidden_dim", m.hidden_dim},           {"num_classes", m.num_classes},
-          {"num_blocks", m.num_blocks},           {"input_projection", m.input_projection},
-          {"learned_positions", m.learned_positions}, {"pre_norm", m.pre_norm},
-          {"dropout", m.dropout}};
-}
-
-// Reads object `j`'s fields into the variables named in `fields`, refusing missing, unknown and
-// mistyped fields.
-class FieldReader {
- public:
-  FieldReader(const json& j, std::string what) : j_(j), what_(std::move(what)) {
-    check(j_.is_object(), what_, ": expected a JSON object, got ", j_.type_name());
-  }
-  template <class V>
-  void operator()(const char* name, V& value) {
-    seen_.insert(name);
-    check(j_.contains(name), what_, ": missing field '", name, "'");
-    const json& f = j_.at(name);
-    if constexpr (std::is_same_v<V, bool>) {
-      check(f.is_boolean(), what_, ": field '", name, "': expected true or false, got ", f.dump());
-    } else if constexpr (std::is_integral_v<V>) {
-      check(f.is_number_integer(), what_, ": field '", name, "': expected an integer, got ", f.dump());
-      if constexpr (std::is_unsigned_v<V>)
-        check(f.is_number_unsigned(), what_, ": field '", name, "': expected an integer >= 0, got ", f.dump());
-    } else {
-      check(f.is_number(), what_, ": field '", name, "': expected a number, got ", f.dump());
-    }
-    value = f.get<V>();
-  }
-  void mark(const char* name) { seen_.insert(name); }
-  void finish() const {
-    for (const auto& [key, v] : j_.items())
-      check(seen_.count(key) == 1, what_, ": unexpected field '", key, "'");
-  }
-
- private:
-  const json& j_;
-  std::string what_;
-  std::set<std::string> seen_;
-};
-
-json parse_json(const std::string& text, const std::string& what) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(what + ": invalid JSON: " + e.what());
-  }
-}
-
-json stats_json(const EpochStats& s) {
-  return {{"epoch", s.epoch},
-          {"steps", s.steps},
-          {"train_loss", s.train_loss},
-          {"train_accuracy", s.train_accuracy},
-          {"test_loss", s.test_loss},
-          {"test_accuracy", s.test_accuracy},
-          {"seconds", s.seconds},
-          {"samples_per_second", s.samples_per_second},
-          {"lr", s.lr}};
-}
-
-EpochStats stats_from_json(const json& j, const std::string& what) {
-  EpochStats s;
-  FieldReader r(j, what);
-  r("epoch", s.epoch);
-  r("steps", s.steps);
-  r("train_loss", s.train_loss);
-  r("train_accuracy", s.train_accuracy);
-  r("test_loss", s.test_loss);
-  r("test_accuracy", s.test_accuracy);
-  r("seconds", s.seconds);
-  r("samples_per_second", s.samples_per_second);
-  r("lr", s.lr);
-  r.finish();
-  return s;
-}
 
 // A 64-bit seed for epoch `epoch`'s shuffle, from Philox keyed by the run's seed.
 uint64_t shuffle_seed(uint64_t seed, int64_t epoch) {
@@ -115,87 +29,7 @@ int64_t argmax(const float* v, int64_t n) {
   return best;
 }
 
-std::string metadata_field(const st::File& file, const std::string& name, const std::string& path) {
-  auto it = file.metadata.find(name);
-  check(it != file.metadata.end(), path, ": not an mha training checkpoint: metadata field '", name, "' is missing");
-  return it->second;
-}
-
-int64_t parse_count(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  long long v = -1;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-  }
-  check(used == text.size() && v >= 0, what, ": expected a whole number >= 0, got '", text, "'");
-  return v;
-}
-
 }  // namespace
-
-// ---- TrainingConfig ----------------------------------------------------------------------
-
-void TrainingConfig::check_valid() const {
-  model.check_valid();
-  check(epochs >= 1, "training: epochs: expected >= 1, got ", epochs);
-  check(batch_size >= 1, "training: batch_size: expected >= 1, got ", batch_size);
-  optim::AdamWOptions options;
-  options.lr = lr;
-  options.weight_decay = weight_decay;
-  optim::check_options(options);
-  check(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr, "training: min_lr: expected a value in [0, lr = ", lr,
-        "], got ", min_lr);
-  check(warmup_steps >= 0, "training: warmup_steps: expected >= 0, got ", warmup_steps);
-  check(train_limit >= 0, "training: train_limit: expected >= 0 (0 = all), got ", train_limit);
-  check(test_limit >= 0, "training: test_limit: expected >= 0 (0 = all), got ", test_limit);
-}
-
-std::string TrainingConfig::to_json() const {
-  const json j = {{"model", model_json(model)}, {"epochs", epochs},           {"batch_size", batch_size},
-                  {"lr", lr},                   {"min_lr", min_lr},           {"warmup_steps", warmup_steps},
-                  {"weight_decay", weight_decay}, {"seed", seed},             {"train_limit", train_limit},
-                  {"test_limit", test_limit}};
-  return j.dump();
-}
-
-TrainingConfig TrainingConfig::from_json(const std::string& text) {
-  const json j = parse_json(text, "training config");
-  TrainingConfig c;
-  FieldReader r(j, "training config");
-  check(j.contains("model"), "training config: missing field 'model'");
-  {
-    FieldReader m(j.at("model"), "training config: model");
-    auto& mc = c.model;
-    m("sequence_length", mc.sequence_length);
-    m("input_dim", mc.input_dim);
-    m("embed_dim", mc.embed_dim);
-    m("num_heads", mc.num_heads);
-    m("hidden_dim", mc.hidden_dim);
-    m("num_classes", mc.num_classes);
-    m("num_blocks", mc.num_blocks);
-    m("input_projection", mc.input_projection);
-    m("learned_positions", mc.learned_positions);
-    m("pre_norm", mc.pre_norm);
-    m("dropout", mc.dropout);
-    m.finish();
-  }
-  r.mark("model");
-  r("epochs", c.epochs);
-  r("batch_size", c.batch_size);
-  r("lr", c.lr);
-  r("min_lr", c.min_lr);
-  r("warmup_steps", c.warmup_steps);
-  r("weight_decay", c.weight_decay);
-  r("seed", c.seed);
-  r("train_limit", c.train_limit);
-  r("test_limit", c.test_limit);
-  r.finish();
-  c.check_valid();
-  return c;
-}
-
-bool operator==(const TrainingConfig& a, const TrainingConfig& b) { return a.to_json() == b.to_json(); }
 
 // ---- Data order and evaluation -----------------------------------------------------------
 
@@ -242,36 +76,6 @@ Evaluation evaluate(models::AttentionClassifier<float>& model, const data::Label
   e.loss = loss_sum / static_cast<double>(data.count);
   e.accuracy = static_cast<double>(correct) / static_cast<double>(data.count);
   return e;
-}
-
-// ---- Checkpoints -------------------------------------------------------------------------
-
-Checkpoint read_checkpoint(const std::string& path) {
-  const st::File file = st::load(path);
-  auto format = metadata_field(file, "format", path);
-  check(format == kCheckpointFormat, path, ": checkpoint format: expected '", kCheckpointFormat, "', got '", format,
-        "'");
-  Checkpoint c;
-  c.config = TrainingConfig::from_json(metadata_field(file, "config", path));
-  c.epoch = parse_count(metadata_field(file, "epoch", path), path + ": metadata 'epoch'");
-  c.step = parse_count(metadata_field(file, "step", path), path + ": metadata 'step'");
-  c.dropout_counter =
-      static_cast<uint64_t>(parse_count(metadata_field(file, "dropout_counter", path), path + ": metadata 'dropout_counter'"));
-  const json history = parse_json(metadata_field(file, "history", path), path + ": metadata 'history'");
-  check(history.is_array(), path, ": metadata 'history': expected a JSON array, got ", history.type_name());
-  for (const auto& h : history) c.history.push_back(stats_from_json(h, path + ": metadata 'history'"));
-  check(c.epoch <= c.config.epochs && static_cast<int64_t>(c.history.size()) == c.epoch, path,
-        ": inconsistent checkpoint: epoch ", c.epoch, " of ", c.config.epochs, " with ", c.history.size(),
-        " history entries");
-  for (const auto& [name, data] : file.tensors) {
-    const bool is_model = name.rfind("model.", 0) == 0, is_optimizer = name.rfind("optimizer.", 0) == 0;
-    check(is_model || is_optimizer, path, ": unexpected tensor '", name, "' (expected model.* and optimizer.*)");
-    check(data.dtype == st::DType::F32, path, ": tensor '", name, "': expected dtype F32, got ",
-          st::to_string(data.dtype));
-    auto& target = is_model ? c.model : c.optimizer;
-    target.emplace(name.substr(is_model ? 6 : 10), st::to_tensor<float>(data, path + ": " + name));
-  }
-  return c;
 }
 
 // ---- Trainer -----------------------------------------------------------------------------
@@ -429,38 +233,6 @@ EpochStats Trainer::run_epoch(const std::function<void(const BatchProgress&)>& p
   ++epoch_;
   history_.push_back(s);
   return s;
-}
-
-void Trainer::save_checkpoint(const std::string& path) {
-  st::File file;
-  for (const auto& [name, tensor] : model_->state_dict()) file.tensors.emplace("model." + name, st::from_tensor(tensor));
-  for (const auto& [name, tensor] : optimizer_->state_dict())
-    file.tensors.emplace("optimizer." + name, st::from_tensor(tensor));
-  json history = json::array();
-  for (const auto& s : history_) history.push_back(stats_json(s));
-  file.metadata = {{"format", kCheckpointFormat},
-                   {"config", config_.to_json()},
-                   {"epoch", std::to_string(epoch_)},
-                   {"step", std::to_string(step_)},
-                   {"dropout_counter", std::to_string(model_->dropout_counter())},
-                   {"history", history.dump()}};
-  st::save(file, path);
-}
-
-void Trainer::load_checkpoint(const std::string& path) {
-  Checkpoint c = read_checkpoint(path);
-  check(c.config == config_, path, ": the checkpoint was written with another training configuration:\n  checkpoint ",
-        c.config.to_json(), "\n  this run   ", config_.to_json());
-  check(c.step == c.epoch * steps_per_epoch(), path, ": inconsistent checkpoint: step ", c.step, " after ", c.epoch,
-        " epochs of ", steps_per_epoch(), " steps");
-  model_->load_state_dict(c.model);
-  optimizer_->load_state_dict(c.optimizer);
-  check(optimizer_->steps() == c.step, path, ": inconsistent checkpoint: the optimizer has taken ",
-        optimizer_->steps(), " steps, the metadata says ", c.step);
-  model_->set_dropout_counter(c.dropout_counter);
-  epoch_ = c.epoch;
-  step_ = c.step;
-  history_ = std::move(c.history);
 }
 
 }  // namespace mha::train

@@ -335,7 +335,7 @@ TEST(HalfPrecision, Bf16BackwardWithValueHeadsOfAnotherSizeIsTheFloatCallRounded
   }
 }
 
-// The bf16 path's softmax exponential (Exp2OfNonPositive in tiles/kernels-inl.h: 2^((s·scale − m)·
+// The bf16 path's softmax exponential (Exp2OfNonPositive in tiles/vectors-inl.h: 2^((s·scale − m)·
 // log2 e), the scale applied in the argument's FMA) within float's error, on rows whose logsumexp
 // is known in closed form: row i has scores 0 and a_i (keys (0, 0) and (1, 0), q_i = (a_i, 0),
 // exact in bfloat16), so logsumexp = log(1 + exp(a_i·σ)) (σ = 0.3, not a power of 2). Against that

@@ -15,12 +15,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
-using mha::testing::CliResult;
-using mha::testing::run_cli;
-
 class AttentionCliErrors : public mha::testing::CliTest {
  protected:
   void SetUp() override {

@@ -14,8 +14,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-
 class AttentionCliGolden : public testing::TempDirTest<::testing::TestWithParam<fs::path>> {};
 
 TEST_P(AttentionCliGolden, MatchesPyTorch) {

@@ -27,12 +27,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
-using mha::testing::CliResult;
-using mha::testing::run_cli;
-
 class AttentionVariantsCli : public mha::testing::CliTest {
  protected:
   static constexpr int64_t kLen = 5, kSrc = 8, kBatch = 2, kEmbed = 8, kHeads = 2;

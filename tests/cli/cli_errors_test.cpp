@@ -19,12 +19,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
-using mha::testing::CliResult;
-using mha::testing::run_cli;
-
 class CliErrors : public mha::testing::CliTest {
  protected:
   void SetUp() override {

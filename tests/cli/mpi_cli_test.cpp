@@ -23,9 +23,6 @@
 namespace mha {
 namespace {
 
-namespace st = mha::safetensors;
-using mha::testing::CliResult;
-using mha::testing::run_cli;
 using mha::testing::run_program;
 
 // mpiexec with the environment the ctest "distributed.np*" tests have (MHA_MPI_TEST_ENVIRONMENT in

@@ -18,10 +18,7 @@
 namespace mha {
 namespace {
 
-namespace st = mha::safetensors;
-using mha::testing::CliResult;
 using mha::testing::minilm_dir;
-using mha::testing::run_cli;
 using mha::testing::shell_quote;
 
 class SentenceCli : public mha::testing::CliTest {

@@ -10,15 +10,10 @@
 #include "mha/core/safetensors.h"
 #include "mha/viz/heatmap.h"
 
+namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
-using mha::testing::CliResult;
-using mha::testing::run_cli;
-
-using TrainCli = mha::testing::CliTest;
+using TrainCli = testing::CliTest;
 
 // A small, fast configuration: 640 training images, 2 epochs of 10 steps.
 const std::string kSmall =
@@ -97,3 +92,4 @@ TEST_F(TrainCli, TrainsResumesAndEvaluates) {
 }
 
 }  // namespace
+}  // namespace mha

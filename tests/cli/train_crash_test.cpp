@@ -40,8 +40,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kEpochs = 16;

@@ -20,9 +20,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
 using namespace mha::testing;  // the CLI runner and the printable checks
 
 // A hostile piece of a name, and how mha shows it.

@@ -23,9 +23,6 @@
 namespace mha {
 namespace {
 
-namespace fs = std::filesystem;
-namespace st = mha::safetensors;
-
 using testing::CliResult;
 using testing::is_character_device;
 using testing::is_symlink;

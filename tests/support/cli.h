@@ -2,7 +2,8 @@
 // Running the built `mha` binary (or another program) from a test, capturing what it prints and
 // its exit code, optionally under a file-size limit or to be killed at a chosen moment; whether
 // the Fashion-MNIST files `mha train` reads are installed; and CliTest, the fixture of every CLI
-// test: a fresh directory for the files a test writes.
+// test: a fresh directory for the files a test writes. Every CLI test file (in namespace mha)
+// gets the names it uses below: fs, st, CliResult, run_cli.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -21,6 +22,8 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include "mha/core/safetensors.h"
 
 namespace mha::testing {
 
@@ -176,3 +179,15 @@ class TempDirTest : public Base {
 using CliTest = TempDirTest<>;
 
 }  // namespace mha::testing
+
+namespace mha {
+
+namespace fs = std::filesystem;
+namespace st = mha::safetensors;
+
+using testing::CliResult;
+#ifdef MHA_CLI_PATH
+using testing::run_cli;
+#endif
+
+}  // namespace mha

@@ -6,7 +6,7 @@ import operator
 import torch
 from torch import Tensor
 
-from .. import _core, _fields, _policy
+from .. import _core, _fields, _layout, _policy
 from ._sdpa import _attention
 
 
@@ -17,7 +17,7 @@ def _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, dims)
             raise _core.ArgumentTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != dims.count(",") + 1:
             raise _core.ArgumentError(f"{name}: expected {dims.count(',') + 1} dimensions {dims}, got shape "
-                                      f"{_core._shape(tuple(x.shape))}")
+                                      f"{_layout._shape(tuple(x.shape))}")
     _policy.refuse_inputs("q, k, v", _policy.unsupported(q, k, v, None))
     for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
         if not isinstance(flag, bool):
@@ -69,7 +69,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
             raise _core.ArgumentTypeError(f"{name}: expected a 1-D int32 or int64 tensor of N + 1 offsets, got "
                                           f"{type(cu).__name__ if not isinstance(cu, Tensor) else cu.dtype}"
-                                          f"{'' if not isinstance(cu, Tensor) else ' ' + _core._shape(tuple(cu.shape))}")
+                                          f"{'' if not isinstance(cu, Tensor) else ' ' + _layout._shape(tuple(cu.shape))}")
         if torch.compiler.is_compiling():  # (the offsets' values are not known while tracing)
             continue
         try:  # an int or what stands for one (np.int64, a 0-d integer tensor), as flash-attn takes

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from .. import _core, _fields, _policy
+from .. import _core, _fields, _layout, _policy
 from ._tensors import _autocast, _numpy, _seed, _tensor, _threads
 
 # PyTorch's own, taken at import: the fallback, and what patch() puts back.
@@ -51,7 +51,7 @@ def _sdpa_forward(query, key, value, attn_mask, dropout_p, causal, scale, enable
 @torch.library.register_fake("mha::sdpa_forward")
 def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
       **keywords):
-    layout = _core.Layout(query.shape, key.shape, value.shape, enable_gqa)
+    layout = _layout.Layout(query.shape, key.shape, value.shape, enable_gqa)
     return query.new_empty(layout.output_shape()), query.new_empty(layout.logsumexp_shape(), dtype=torch.float64)
 
 
@@ -68,7 +68,7 @@ def _sdpa_weights(query, key, value, attn_mask, dropout_p, causal, scale, enable
 @torch.library.register_fake("mha::sdpa_weights")
 def _(query, key, value, attn_mask, dropout_p, causal, scale, enable_gqa, dropout_seed, *variants,
       **keywords):
-    return query.new_empty(_core.Layout(query.shape, key.shape, value.shape, enable_gqa).mask_shape())
+    return query.new_empty(_layout.Layout(query.shape, key.shape, value.shape, enable_gqa).mask_shape())
 
 
 def _sdpa_backward(grad_output, query, key, value, output, logsumexp, attn_mask, dropout_p, causal, scale, enable_gqa,

@@ -5,6 +5,8 @@ import numpy as np
 import torch
 
 from .. import _core
+from .._threads import torch_threads
+
 
 def _numpy(t):
     # detach(): numpy() refuses a tensor that requires grad; the array shares the memory. numpy
@@ -21,8 +23,8 @@ def _tensor(x):
 
 
 def _threads():
-    # torch's thread count (at most mha's own in a forked child: _core.torch_threads)
-    return _core.torch_threads(torch.get_num_threads())
+    # torch's thread count (at most mha's own in a forked child: _threads.torch_threads)
+    return torch_threads(torch.get_num_threads())
 
 
 def _seed(dropout_seed):

@@ -1,0 +1,61 @@
+#pragma once
+// `mha bench`'s benches, one per file (attention.cpp, decode.cpp, gemm.cpp, context_parallel.cpp),
+// their arguments (the flags of bench_command.cpp) and what they share: timing, memory, the report.
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "mha/core/random.h"
+#include "mha/core/tensor.h"
+
+namespace mha::tools::bench {
+
+struct BenchArgs {
+  std::string json_path;
+  std::string backend = "automatic";
+  bool quick = false;   // small shapes only: a smoke run for tests
+  bool decode = false;  // decode steps against a KV cache instead (run_decode_bench)
+  bool gemm = false;    // attention's tile products in bfloat16 and float32 instead (run_gemm_bench)
+  int repeats = 5;
+  // --context-parallel (under mpirun): run_context_parallel_bench
+  std::string context_parallel, layout = "zigzag";
+  std::vector<int64_t> lengths{16384, 65536};
+  int64_t heads = 4, kv_heads = 4, head_dim = 64;
+  bool causal = true, backward = true;
+};
+
+// The attention and module shapes (attention.cpp), decode steps beside the read bandwidth
+// (decode.cpp), the tile products (gemm.cpp), context parallelism under mpirun (context_parallel.cpp).
+void run_attention_bench(const BenchArgs& args);
+void run_decode_bench(const BenchArgs& args);
+void run_gemm_bench(const BenchArgs& args);
+void run_context_parallel_bench(const BenchArgs& args);
+
+// Median wall time of `repeats` runs after one warm-up run.
+double median_seconds(const std::function<void()>& run, int repeats);
+
+// Resident memory in bytes from /proc/self/status ("VmRSS" now, "VmHWM" the peak).
+int64_t status_bytes(const char* field);
+
+// Peak resident memory of run() above what was resident before it, in bytes. Writing "5" to
+// clear_refs resets the kernel's peak (VmHWM) to the current RSS. glibc keeps freed blocks of up
+// to 32 MiB in its heap once a block that size was freed (its mmap threshold adapts), so a call
+// could reuse memory that is already resident and look free. While measuring, every block over
+// 1 MiB is mapped on allocation and returned on free.
+//
+// Timings run with the threshold at 32 MiB instead, glibc's own ceiling for it and where a
+// long-running program that frees blocks of that size ends up (PyTorch's process too): with
+// 1 MiB, every large tensor a call returns would be freshly mapped and page-faulted on each call
+// (measured on the module forward: 350 ms against 281 ms).
+constexpr int kMeasuringThreshold = 1 << 20, kTimingThreshold = 32 << 20;
+
+int64_t extra_peak_bytes(const std::function<void()>& run);
+
+Tensor<float> random_tensor(const Shape& shape, Generator& gen);
+
+// The report as JSON at `path` (written atomically; nothing when the path is empty).
+void write_report(const nlohmann::json& report, const std::string& path);
+
+}  // namespace mha::tools::bench
