@@ -152,9 +152,13 @@ void forward(View<const T> query, View<const Kv> key, View<const Kv> value, cons
 
 // The sinks' gradient, for every backend: the sink's column of dS = P∘(dP − D), where dP is 0 (the
 // sink adds nothing to the output), summed over the batch and the rows:
-//   grad_sinks[h] (+)= −Σ_{b,i} exp(sink_h − lse_bhi) · D_bhi,   D_bhi = dO_bhi · O_bhi
-// in double, rows in order (the same sum for any thread count). A block of keys without the sink
-// (make_sinks) adds 0; a row that sees no key has O = 0, so D = 0.
+//   grad_sinks[h] (+)= −Σ_{b,i} exp(sink_h − lse_bhi) · D_bhi,   D_bhi = Σ_j P_bhij dP_bhij = dO_bhi · O_bhi
+// in double, rows in order (the same sum for any thread count). D is the backend's own where it
+// gives it (a.row_deltas: cpu_flash's, from P and dP in float), else dO·O: from an output rounded
+// to bfloat16 that is 2⁻⁹-relative per element, and a sum of such rows can cancel to far less than
+// its terms (a bfloat16 gradient 12 ulps off, where PyTorch's eager autograd, summing P·dP, was
+// within 1). A block of keys without the sink (make_sinks) adds 0; a row that sees no key has
+// O = 0, so D = 0.
 template <class T>
 void sink_gradients(const Problem& p, const detail::BackwardArgs<T>& a, const View<T>& grad_sinks, bool accumulate) {
   for (int64_t h = 0; h < p.query_heads; ++h) {
@@ -162,10 +166,14 @@ void sink_gradients(const Problem& p, const detail::BackwardArgs<T>& a, const Vi
     const double sink = a.sinks.of(0, h);
     for (int64_t b = 0; b < p.batch && sink != -std::numeric_limits<double>::infinity(); ++b)
       for (int64_t i = 0; i < p.query_len; ++i) {
-        const T* dout = a.grad_output.row(b, h, i);
-        const T* out = a.output.row(b, h, i);
         double d = 0;
-        for (int64_t e = 0; e < p.v_head_dim; ++e) d += static_cast<double>(widen(dout[e])) * static_cast<double>(widen(out[e]));
+        if (a.row_deltas) {
+          d = a.row_deltas[(b * p.query_heads + h) * p.query_len + i];
+        } else {
+          const T* dout = a.grad_output.row(b, h, i);
+          const T* out = a.output.row(b, h, i);
+          for (int64_t e = 0; e < p.v_head_dim; ++e) d += static_cast<double>(widen(dout[e])) * static_cast<double>(widen(out[e]));
+        }
         if (d != 0) sum -= std::exp(sink - *a.logsumexp.row(b, h, i)) * d;
       }
     T& g = grad_sinks.data()[h * grad_sinks.stride(0)];
@@ -200,7 +208,6 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
           "grad_sinks: expected none (options.sinks is not given), got one");
     if (grads.grad_sinks.defined()) check_output(grads.grad_sinks, {p.query_heads}, "grad_sinks", inputs, written);
   }
-  if (grads.grad_sinks.defined()) sink_gradients(p, a, grads.grad_sinks, grads.accumulate);
   a.grad_query = rows_of(grads.grad_query, "grad_query", "(B, Hq, L, Dqk)");
   a.grad_key = rows_of(grads.grad_key, "grad_key", "(B, Hkv, S, Dqk)");
   a.grad_value = rows_of(grads.grad_value, "grad_value", "(B, Hkv, S, Dv)");
@@ -209,40 +216,50 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
     zero(grads.grad_key);
     zero(grads.grad_value);
   }
-  // No query rows: no gradient reaches anything.
-  if (no_query_rows(p)) return;
-  if constexpr (!std::is_same_v<T, double>) {
-    // The forward ran on decode, whose scores s are summed in another order than the ones
-    // cpu_flash's backward recomputes: with large logits the two differ by ulps of s (|s| = 200:
-    // 1.5e-5), and so would P = exp(s − logsumexp), relatively. So the logsumexp comes from
-    // cpu_flash's forward, whose scores the backward reproduces bit for bit (the output given is
-    // still the one used, in Σ dO·O). A short forward (L ≤ 16 query rows) beside the backward.
-    // (A block of the rows' keys is given the whole call's logsumexp, and keeps it.)
-    if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode && !p.partial_keys()) {
-      Tensor<T> output_again({p.batch, p.query_heads, p.query_len, p.v_head_dim});
-      Tensor<double> logsumexp_again({p.batch, p.query_heads, p.query_len});
-      detail::ForwardArgs<T> f{a.sinks, a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
-                               lse_rows_of(View<double>(logsumexp_again)), {}};
-      detail::cpu_flash_forward(p, additions, f);
-      a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
-      return detail::cpu_flash_backward(p, additions, a);
-    }
+  Tensor<double> row_deltas;  // cpu_flash's D of each row, for the sinks' gradient
+  if (grads.grad_sinks.defined() && backend == Backend::cpu_flash && !no_query_rows(p)) {
+    row_deltas = Tensor<double>({p.batch, p.query_heads, p.query_len});
+    a.row_deltas = row_deltas.data();
   }
-  switch (backend) {
-    case Backend::reference:
-      if constexpr (is_half_v<T>) {
-        return detail::backward_in_float(query, key, value, output, logsumexp, grad_output, grads, options);
-      } else {
-        return detail::reference_backward(p, additions, a);
+  Tensor<T> output_again;
+  Tensor<double> logsumexp_again;
+  [&] {
+    // No query rows: no gradient reaches anything.
+    if (no_query_rows(p)) return;
+    if constexpr (!std::is_same_v<T, double>) {
+      // The forward ran on decode, whose scores s are summed in another order than the ones
+      // cpu_flash's backward recomputes: with large logits the two differ by ulps of s (|s| = 200:
+      // 1.5e-5), and so would P = exp(s − logsumexp), relatively. So the logsumexp comes from
+      // cpu_flash's forward, whose scores the backward reproduces bit for bit (the output given is
+      // still the one used, in Σ dO·O). A short forward (L ≤ 16 query rows) beside the backward.
+      // (A block of the rows' keys is given the whole call's logsumexp, and keeps it.)
+      if (resolve_backend<T>(options.backend, p, options.need_weights) == Backend::decode && !p.partial_keys()) {
+        output_again = Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim});
+        logsumexp_again = Tensor<double>({p.batch, p.query_heads, p.query_len});
+        detail::ForwardArgs<T> f{a.sinks, a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
+                                 lse_rows_of(View<double>(logsumexp_again)), {}};
+        detail::cpu_flash_forward(p, additions, f);
+        a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
+        return detail::cpu_flash_backward(p, additions, a);
       }
-    case Backend::cpu_flash:
-      if constexpr (!std::is_same_v<T, double>) return detail::cpu_flash_backward(p, additions, a);
-      break;
-    case Backend::automatic:
-    case Backend::decode:
-      break;
-  }
-  throw Error("sdpa_backward: options.backend: unknown backend");
+    }
+    switch (backend) {
+      case Backend::reference:
+        if constexpr (is_half_v<T>) {
+          return detail::backward_in_float(query, key, value, output, logsumexp, grad_output, grads, options);
+        } else {
+          return detail::reference_backward(p, additions, a);
+        }
+      case Backend::cpu_flash:
+        if constexpr (!std::is_same_v<T, double>) return detail::cpu_flash_backward(p, additions, a);
+        break;
+      case Backend::automatic:
+      case Backend::decode:
+        break;
+    }
+    throw Error("sdpa_backward: options.backend: unknown backend");
+  }();
+  if (grads.grad_sinks.defined()) sink_gradients(p, a, grads.grad_sinks, grads.accumulate);
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // fused backends are tested against): the operands and options copied to float, the float call
 // (sdpa_forward_into / sdpa_backward_into with Backend::reference), its results stored in the
 // call's type. The outputs are checked (and zero where asked) already; the sinks' gradient is the
-// caller's, made before.
+// caller's (sink_gradients, after the backend).
 #include "mha/attention/attention.h"
 
 namespace mha::attention::detail {

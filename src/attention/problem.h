@@ -235,12 +235,16 @@ struct ForwardArgs {
 };
 
 // What a backend's backward reads and writes; the gradients are zero when the backend starts.
+// row_deltas, where given (B·Hq·L doubles, row (b, h, i) at (b·Hq + h)·L + i, zero at the start):
+// each row's D = Σ_j P_ij dP_ij as the backend's dS uses it, for the sinks' gradient
+// (sink_gradients, attention.cpp); cpu_flash writes it, the reference does not.
 template <class T>
 struct BackwardArgs {
   Sinks<T> sinks;
   Rows<const T> query, key, value, output, grad_output;
   Rows<const double> logsumexp;
   Rows<T> grad_query, grad_key, grad_value;
+  double* row_deltas = nullptr;
 };
 
 }  // namespace mha::attention::detail

@@ -352,9 +352,15 @@ class Backward {
     // whatever that sum is (a fully masked row has both sums 0: D = 0).
     // A sink (Options::sinks) is one more term of the row's P, whose dP is 0: its P joins the sum
     // of P (the mass) and nothing else.
+    // The sinks' gradient takes the same D, in double (BackwardArgs::row_deltas): from P and dP
+    // in float it is far closer to dO·O than dO·O is from an output rounded to bfloat16 or
+    // float16. (With two sweeps each segment writes the same values, barriers apart.)
+    double* row_deltas = a_.row_deltas ? a_.row_deltas + (b * n_.Hq + h) * n_.L + i0 : nullptr;
     for (size_t r = 0; r < rows; ++r) {
       s.mass[r] = masses[r] + sink_probability(b, h, i0 + static_cast<int64_t>(r));
-      s.delta[r] = s.mass[r] > 0 ? static_cast<float>(dots[r] / s.mass[r]) : 0.0f;
+      const double delta = s.mass[r] > 0 ? dots[r] / s.mass[r] : 0.0;
+      s.delta[r] = static_cast<float>(delta);
+      if (row_deltas) row_deltas[r] = delta;
     }
     // A block of the rows' keys (Problem::partial_keys) sees only part of each row: D_i =
     // dO_i·O_i from the whole call's output, and P is exp(s − lse) as it stands.
@@ -366,6 +372,7 @@ class Backward {
         double d = 0;
         for (size_t e = 0; e < n_.Dv; ++e) d += static_cast<double>(widen(dout_block[r * dout_ld + e])) * widen(o[e]);
         s.delta[r] = static_cast<float>(d);
+        if (row_deltas) row_deltas[r] = d;
       }
       return false;
     }
