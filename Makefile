@@ -33,7 +33,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps model build test test-python python-package test-sanitize fuzz demo bench clean
+.PHONY: all deps model build peers test test-python python-package test-sanitize fuzz demo bench clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -61,9 +61,18 @@ build:
 	fi
 	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) $(if $(TARGETS),--target $(TARGETS))
 
-test: deps model build
+test: deps model build peers
 	$(CTEST) --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 	$(MAKE) test-python
+
+# PyTorch's results on this machine, which set the golden tests' float32 budgets
+# (scripts/goldens/peers_here.py; kept while PyTorch, the CPU and the goldens stay the same). The
+# ctest fixture goldens.peers runs the same script; running it here first gives it the Python
+# environment and keeps its minutes out of ctest's test timings.
+PEERS_DIR ?= build/peers
+peers: deps model
+	./scripts/install_python_deps.sh
+	$(PYTHON) scripts/goldens/peers_here.py $(PEERS_DIR)
 
 # The Python package: built by scikit-build-core in build/py-<wheel tag>/ (incremental) and
 # installed into .venv/ without build isolation (install_python_deps.sh makes the environment
@@ -73,11 +82,11 @@ python-package: deps
 	./scripts/install_python_deps.sh
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --no-build-isolation .
 
-test-python: python-package
+test-python: python-package peers
 	$(PYTHON) -m pytest python/tests -q
 
 # Configured every time (a few seconds), so a build-asan/ made some other way still gets the option.
-test-sanitize: deps model
+test-sanitize: deps model peers
 	$(CMAKE) -S . -B $(SANITIZE_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMHA_SANITIZE=ON
 	$(CMAKE) --build $(SANITIZE_BUILD_DIR) -j$(JOBS)
 	$(CTEST) --test-dir $(SANITIZE_BUILD_DIR) --output-on-failure -j$(JOBS)

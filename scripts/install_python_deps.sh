@@ -5,10 +5,11 @@
 # is not downloaded again), then pip-installs what does not import yet: nanobind and
 # scikit-build-core to build the package, numpy, ml_dtypes (numpy's bfloat16), pytest, torch (the CPU wheel from PyPI),
 # expecttest (imported by torch.testing._internal, whose OpInfo samples the tests run) and
-# transformers (mha.transformers: attn_implementation="mha", tested on models built from configs).
-# With --bench also the peers `make bench` measures mha against: ONNX Runtime, and
-# sentence-transformers (+ onnxscript for torch.onnx.export) for the sentence encoder's bench
-# (scripts/bench/bench_embed.py).
+# transformers (mha.transformers: attn_implementation="mha", tested on models built from configs)
+# and sentence-transformers (the sentence goldens' peer, run on this machine by
+# scripts/goldens/peers_here.py; also the sentence encoder's bench, scripts/bench/bench_embed.py).
+# With --bench also the peers `make bench` measures mha against: ONNX Runtime (+ onnxscript for
+# torch.onnx.export).
 # Idempotent: a second run finds everything and only prints one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +31,12 @@ declare -A requirement=(
   [torch]="torch>=2.4"
   [expecttest]="expecttest"
   [transformers]="transformers>=5"
+  [sentence_transformers]="sentence-transformers"  # the sentence goldens' peer (scripts/goldens/peers_here.py)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   requirement+=(
     [onnxruntime]="onnxruntime"
     [onnxscript]="onnxscript"
-    [sentence_transformers]="sentence-transformers"
   )
 fi
 

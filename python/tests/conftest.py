@@ -1,6 +1,8 @@
 """Shared by the tests: the golden cases of tests/goldens/sdpa and the acceptance rule of
-tests/goldens/README.md (the same as tests/support/golden.h), with numpy only."""
+tests/goldens/README.md (the same as tests/support/golden.h), with numpy only. The peer's results
+(PyTorch in float32, whose error is the budget) are this machine's: load_peer."""
 import json
+import os
 import re
 import pathlib
 import struct
@@ -8,7 +10,10 @@ import struct
 import numpy as np
 import pytest
 
-GOLDENS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GOLDENS = ROOT / "tests" / "goldens"
+# scripts/goldens/peers_here.py's output (`make peers`; the ctest fixture goldens.peers).
+PEERS = pathlib.Path(os.environ.get("MHA_PEERS_DIR", ROOT / "build" / "peers"))
 SDPA_CASES = sorted(p.name for p in (GOLDENS / "sdpa").iterdir() if p.is_dir())
 # The score variants, written by the anchors' own code (scripts/goldens/make_variant_goldens.py).
 VARIANT_CASES = sorted(p.name for p in (GOLDENS / "variants").iterdir() if p.is_dir())
@@ -31,12 +36,20 @@ def load_safetensors(path):
     return tensors, metadata
 
 
+def load_peer(golden):
+    """The peer's tensors of golden file `golden` (a path under tests/goldens) as PyTorch computed
+    them on this machine from the committed inputs: the same relative path under PEERS."""
+    path = PEERS / pathlib.Path(golden).resolve().relative_to(GOLDENS)
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make peers` (scripts/goldens/peers_here.py {PEERS})")
+    return load_safetensors(path)[0]
+
+
 def load_case(name, kind="sdpa"):
     folder = GOLDENS / kind / name
     inputs, metadata = load_safetensors(folder / "inputs.safetensors")
     expected, _ = load_safetensors(folder / "expected_f64.safetensors")
-    torch_f32, _ = load_safetensors(folder / "torch_f32.safetensors")
-    return inputs, metadata, expected, torch_f32
+    return inputs, metadata, expected, load_peer(folder / "torch_f32.safetensors")
 
 
 def max_abs_diff(a, b):

@@ -661,19 +661,22 @@ def test_all_minilm_through_automodel_matches_sentence_transformers():
     attn_implementation="mha", mean-pooled and normalised as sentence-transformers does, on the 50
     golden sentences as one batch padded to 256 tokens: each embedding within twice
     sentence-transformers' float32 error against float64 (the committed goldens,
-    tests/goldens/sentence), and in bfloat16 within twice its bfloat16 distance from float64."""
+    tests/goldens/sentence, with sentence-transformers run on this machine: load_peer), and in
+    bfloat16 within twice its bfloat16 distance from float64."""
     import pathlib
 
     import numpy as np
-    from conftest import load_safetensors
+    from conftest import load_peer, load_safetensors
     root = pathlib.Path(__file__).resolve().parents[2]
     model_dir = root / "models" / "all-MiniLM-L6-v2"
     assert (model_dir / "model.safetensors").exists(), f"{model_dir} is missing: run `make model`"
-    golden, _ = load_safetensors(root / "tests" / "goldens" / "sentence" / "minilm.safetensors")
+    path = root / "tests" / "goldens" / "sentence" / "minilm.safetensors"
+    golden, _ = load_safetensors(path)
+    peers = load_peer(path)
     ids = torch.from_numpy(golden["input_ids"])
     mask = torch.from_numpy(golden["attention_mask"])
     f64 = golden["embedding_f64"]
-    for dtype, peer in ((torch.float32, golden["embedding_f32"]), (torch.bfloat16, golden["embedding_bf16"])):
+    for dtype, peer in ((torch.float32, peers["embedding_f32"]), (torch.bfloat16, peers["embedding_bf16"])):
         model = T.AutoModel.from_pretrained(model_dir, attn_implementation="mha", dtype=dtype).eval()
         assert model.config._attn_implementation == "mha"
         with torch.no_grad():

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from canonical_writer import peers_dir  # noqa: E402
 from make_goldens import DEFAULT_OUT, TORCH_VERSION, case_generator, max_abs, randn, uniform, write_case  # noqa: E402
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor  # noqa: E402
 from transformers.models.gemma2 import modeling_gemma2  # noqa: E402
@@ -235,7 +236,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     out_dir = os.path.join(os.path.abspath(args.out), "variants")
-    shutil.rmtree(out_dir, ignore_errors=True)
+    if not peers_dir():  # (peers mode writes under its own folder only: canonical_writer.py)
+        shutil.rmtree(out_dir, ignore_errors=True)
     for c in cases():
         t = inputs_of(c)
         f64, f32 = run(c, t, torch.float64), run(c, t, torch.float32)

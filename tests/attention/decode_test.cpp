@@ -192,14 +192,16 @@ TEST(Decode, HalfPrecisionKeysAndValues) {
 // error against float64 is at most 2× that of PyTorch's SDPA (which returns the half type), and
 // within the FlashAttention rule against PyTorch's SDPA on the same values in float32.
 template <class Kv>
-double half_golden_ratio(const safetensors::MappedFile& file, const std::string& name) {
+double half_golden_ratio(const safetensors::MappedFile& file, const safetensors::File& peer, const std::string& name) {
   const Tensor<float> q = file.to_tensor<float>("query");
   // Exact: the values are Kv's.
   const Tensor<Kv> k = converted<Kv>(file.to_tensor<float>("key")), v = converted<Kv>(file.to_tensor<float>("value"));
   Options<float> opt;
   opt.causal = file.metadata().at("causal") == "bottom_right" ? Causal::bottom_right : Causal::none;
-  const Tensor<double> ref = file.to_tensor<double>("output_f64"), torch_out = file.to_tensor<double>("torch_output"),
-                       torch_f32 = file.to_tensor<double>("torch_output_f32");
+  // PyTorch's results (in the half type and in float32) as computed on this machine (load_peer).
+  const Tensor<double> ref = file.to_tensor<double>("output_f64"),
+                       torch_out = safetensors::to_tensor<double>(safetensors::require(peer, "torch_output", name), name),
+                       torch_f32 = safetensors::to_tensor<double>(safetensors::require(peer, "torch_output_f32", name), name);
   Tensor<float> out(ref.shape());
   Tensor<double> lse({ref.size(0), ref.size(1), ref.size(2)});
   sdpa_forward_into(q, k, v, {out, lse, {}}, opt);
@@ -217,12 +219,13 @@ TEST(Decode, HalfPrecisionWithinPyTorchsOwnError) {
   int cases = 0;
   for (const auto& entry : std::filesystem::directory_iterator(mha::testing::goldens_dir() + "/decode")) {
     const safetensors::MappedFile file(entry.path().string());
+    const safetensors::File peer = mha::testing::load_peer(entry.path());
     const std::string name = entry.path().stem().string(), dtype = file.metadata().at("dtype");
     ASSERT_TRUE(dtype == "bfloat16" || dtype == "float16") << name;
     if (dtype == "bfloat16") {
-      half_golden_ratio<bfloat16>(file, name);
+      half_golden_ratio<bfloat16>(file, peer, name);
     } else {
-      half_golden_ratio<float16>(file, name);
+      half_golden_ratio<float16>(file, peer, name);
     }
     ++cases;
   }

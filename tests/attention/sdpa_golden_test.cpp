@@ -102,7 +102,7 @@ TEST_P(SdpaGolden, MatchesPyTorch) {
   const fs::path dir = GetParam();
   const st::File inputs = st::load(dir / "inputs.safetensors");
   const st::File expected = st::load(dir / "expected_f64.safetensors");
-  const st::File torch32 = st::load(dir / "torch_f32.safetensors");
+  const st::File torch32 = testing::load_peer(dir / "torch_f32.safetensors");
   const std::string name = dir.filename().string();
   const double worst32 = testing::expect_matches_golden(run_case<float>(inputs), expected, torch32, name + " float32");
   const double worst64 = testing::expect_matches_golden(run_case<double>(inputs), expected, torch32, name + " float64", 1e-10);

@@ -21,7 +21,7 @@ TEST_P(AttentionCliGolden, MatchesPyTorch) {
   const auto inputs = safetensors::load(dir / "inputs.safetensors");
   const std::string args = inputs.metadata.at("args");
   const auto expected = safetensors::load(dir / "expected_f64.safetensors");
-  const auto torch32 = safetensors::load(dir / "torch_f32.safetensors");
+  const auto torch32 = testing::load_peer(dir / "torch_f32.safetensors");
   const std::string out = path("output.safetensors");
   for (const std::string dtype : {"float32", "float32 --backend reference", "float64"}) {
     fs::remove(out);

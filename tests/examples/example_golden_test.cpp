@@ -18,7 +18,7 @@ class ExampleGolden : public ::testing::TestWithParam<fs::path> {};
 TEST_P(ExampleGolden, MatchesPyTorch) {
   const fs::path dir = GetParam();
   const auto expected = safetensors::load(dir / "expected_f64.safetensors");
-  const auto torch32 = safetensors::load(dir / "torch_f32.safetensors");
+  const auto torch32 = testing::load_peer(dir / "torch_f32.safetensors");
   const fs::path out = fs::temp_directory_path() / ("mha_example_" + dir.filename().string() + ".safetensors");
   fs::remove(out);
   std::string command = std::string(MHA_EXAMPLES_DIR) + "/" + expected.metadata.at("program") + " " +

@@ -18,6 +18,7 @@
 
 #include "../support/assertions.h"
 #include "../support/cli.h"
+#include "../support/golden.h"
 #include "../support/model_dir.h"
 #include "mha/core/bf16_gemm.h"
 #include "mha/core/safetensors.h"
@@ -41,7 +42,13 @@ struct Goldens {
 
 const Goldens& goldens() {
   static const Goldens g = [] {
-    const mha::safetensors::MappedFile file(std::string(MHA_GOLDENS_DIR) + "/sentence/minilm.safetensors");
+    const std::string path = mha::testing::goldens_dir() + "/sentence/minilm.safetensors";
+    const mha::safetensors::MappedFile file(path);
+    // sentence-transformers' float32 and bfloat16 results as computed on this machine (load_peer).
+    const mha::safetensors::File peer = mha::testing::load_peer(path);
+    auto peer_tensor = [&](const char* name) {
+      return mha::safetensors::to_tensor<double>(mha::safetensors::require(peer, name, "minilm peer"), name);
+    };
     Goldens out;
     const Tensor<int64_t> bytes = file.to_tensor<int64_t>("sentences");
     std::string current;
@@ -55,12 +62,12 @@ const Goldens& goldens() {
     }
     out.input_ids = file.to_tensor<int64_t>("input_ids");
     out.attention_mask = file.to_tensor<int64_t>("attention_mask");
-    out.embedding_f32 = file.to_tensor<double>("embedding_f32");
+    out.embedding_f32 = peer_tensor("embedding_f32");
     out.embedding_f64 = file.to_tensor<double>("embedding_f64");
-    out.embedding_bf16 = file.to_tensor<double>("embedding_bf16");
-    out.hidden_f32 = file.to_tensor<double>("hidden_f32");
+    out.embedding_bf16 = peer_tensor("embedding_bf16");
+    out.hidden_f32 = peer_tensor("hidden_f32");
     out.hidden_f64 = file.to_tensor<double>("hidden_f64");
-    out.hidden_bf16 = file.to_tensor<double>("hidden_bf16");
+    out.hidden_bf16 = peer_tensor("hidden_bf16");
     return out;
   }();
   return g;

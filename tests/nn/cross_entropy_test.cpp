@@ -28,10 +28,12 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 TEST(CrossEntropy, MatchesPyTorch) {
-  const st::File golden = st::load(mha::testing::goldens_dir() + "/training/cross_entropy.safetensors");
+  const std::string path = mha::testing::goldens_dir() + "/training/cross_entropy.safetensors";
+  const st::File golden = st::load(path), peer = mha::testing::load_peer(path);  // peer: PyTorch's float32 here
   for (const std::string& name : split(golden.metadata.at("cases"))) {
     SCOPED_TRACE(name);
     auto get = [&](const std::string& t) { return st::to_tensor<double>(st::require(golden, name + "." + t, name), t); };
+    auto get_peer = [&](const std::string& t) { return st::to_tensor<double>(st::require(peer, name + "." + t, name), t); };
     const Tensor<double> logits = get("logits"), expected_grad = get("grad_logits");
     const Tensor<int64_t> targets = st::to_tensor<int64_t>(st::require(golden, name + ".targets", name), "targets");
     const double expected_loss = get("loss")[0];
@@ -46,11 +48,11 @@ TEST(CrossEntropy, MatchesPyTorch) {
     // float32 within the golden rule (twice PyTorch's own float32 error, + 1e-6 of the scale).
     mha::nn::CrossEntropyCache<float> cache32;
     const float loss32 = mha::nn::cross_entropy(mha::cast<float>(logits), targets, &cache32);
-    const double torch_loss32 = get("torch_f32.loss")[0];
+    const double torch_loss32 = get_peer("torch_f32.loss")[0];
     EXPECT_LE(std::abs(loss32 - expected_loss),
               2 * std::abs(torch_loss32 - expected_loss) + 1e-6 * std::max(1.0, std::abs(expected_loss)));
     const auto cmp = mha::testing::compare_with_golden(mha::cast<double>(mha::nn::cross_entropy_backward(cache32)),
-                                                       expected_grad, get("torch_f32.grad_logits"));
+                                                       expected_grad, get_peer("torch_f32.grad_logits"));
     EXPECT_TRUE(cmp.pass()) << "error " << cmp.error << " bound " << cmp.bound;
   }
 }

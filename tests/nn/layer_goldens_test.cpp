@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/golden.h"
 #include "mha/core/safetensors.h"
 #include "mha/nn/embedding.h"
 #include "mha/nn/gelu.h"
@@ -29,10 +30,12 @@ namespace st = mha::safetensors;
 
 struct Golden {
   st::File file;
+  st::File peer;  // PyTorch's float32 results on this machine (golden.h's load_peer)
   std::string layer;
 
   static Golden load(const std::string& layer) {
-    return {st::load(std::string(MHA_GOLDENS_DIR) + "/layers/" + layer + ".safetensors"), layer};
+    const std::string path = mha::testing::goldens_dir() + "/layers/" + layer + ".safetensors";
+    return {st::load(path), mha::testing::load_peer(path), layer};
   }
   std::vector<std::string> cases() const {
     std::vector<std::string> out;
@@ -80,7 +83,8 @@ void expect_golden(const Golden& g, const std::string& prefix, const std::string
   if constexpr (std::is_same_v<T, double>) {
     bound = 1e-12 * std::max(1.0, max_abs(expected));
   } else {
-    const Tensor<double> torch32 = g.get<double>(prefix + ".torch_f32." + name);
+    const std::string peer = prefix + ".torch_f32." + name;
+    const Tensor<double> torch32 = st::to_tensor<double>(st::require(g.peer, peer, g.layer), peer);
     bound = 2 * max_abs_diff(torch32, expected) + 1e-6 * max_abs(expected);
   }
   EXPECT_LE(err, bound) << what << " (" << (std::is_same_v<T, double> ? "double" : "float") << ")";

@@ -35,11 +35,15 @@ using mha::testing::throws_error;
 struct Case {
   std::string name;
   mha::safetensors::File file;
+  mha::safetensors::File peer;  // PyTorch's float32 and bfloat16 results on this machine (load_peer)
   std::string meta(const std::string& key) const { return file.metadata.at(key); }
   bool flag(const std::string& key) const { return meta(key) == "true"; }
   template <class T>
   Tensor<T> tensor(const std::string& name) const {
     return mha::safetensors::to_tensor<T>(mha::safetensors::require(file, name, this->name), name);
+  }
+  Tensor<double> peer_tensor(const std::string& name) const {
+    return mha::safetensors::to_tensor<double>(mha::safetensors::require(peer, name, this->name), name);
   }
   bool has(const std::string& name) const { return file.tensors.count(name) != 0; }
 };
@@ -47,7 +51,8 @@ struct Case {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const auto& entry : fs::directory_iterator(mha::testing::goldens_dir() + "/transformer"))
-    out.push_back({entry.path().stem().string(), mha::safetensors::load(entry.path().string())});
+    out.push_back({entry.path().stem().string(), mha::safetensors::load(entry.path().string()),
+                   mha::testing::load_peer(entry.path())});
   std::sort(out.begin(), out.end(), [](const Case& a, const Case& b) { return a.name < b.name; });
   return out;
 }
@@ -132,7 +137,7 @@ TEST(TransformerGoldens, EveryCaseMatchesPyTorchInDoubleAndFloat) {
       if (name.size() < 4 || name.compare(name.size() - 4, 4, "_f64") != 0) continue;
       const std::string base = name.substr(0, name.size() - 4);
       ASSERT_TRUE(ours64.count(base)) << "no " << base << " in mha's module";
-      const Tensor<double> expected = c.tensor<double>(name), torch32 = c.tensor<double>(base + "_f32");
+      const Tensor<double> expected = c.tensor<double>(name), torch32 = c.peer_tensor(base + "_f32");
       ASSERT_EQ(ours64.at(base).shape(), expected.shape()) << base;
       const double scale = std::max(1.0, mha::testing::max_abs(expected));
       EXPECT_LE(mha::testing::max_abs_diff(ours64.at(base), expected), 1e-10 * scale) << base << " (double)";
@@ -177,7 +182,7 @@ TEST(TransformerGoldens, Bfloat16WithinTwicePyTorchBfloat16Error) {
       if (name.size() < 5 || name.compare(name.size() - 5, 5, "_bf16") != 0) continue;
       const std::string base = name.substr(0, name.size() - 5);
       ASSERT_TRUE(ours.count(base)) << "no " << base << " in mha's module";
-      const auto cmp = mha::testing::compare_with_golden(ours.at(base), c.tensor<double>(base + "_f64"), c.tensor<double>(name));
+      const auto cmp = mha::testing::compare_with_golden(ours.at(base), c.tensor<double>(base + "_f64"), c.peer_tensor(name));
       ++compared;
       if (!cmp.pass() && flipped && base != "output") {
         std::printf("bfloat16 %s: %s %.2f× PyTorch bfloat16's error, behind a ReLU unit whose sign flipped\n",

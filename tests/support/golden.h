@@ -5,6 +5,8 @@
 // result is at most twice PyTorch's own float32 error against it, plus 1e-6 of the tensor's
 // largest magnitude (so a tensor PyTorch happens to compute exactly still has a budget):
 //   max|ours − f64| ≤ 2·max|torch_f32 − f64| + 1e-6·max|f64|
+// PyTorch's float32 results (the peer's) are computed on this machine, from the committed
+// inputs, by the ctest fixture goldens.peers (scripts/goldens/peers_here.py): load_peer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,19 @@
 namespace mha::testing {
 
 inline std::string goldens_dir() { return MHA_GOLDENS_DIR; }
+
+// The peer's tensors of golden file `golden` (a path under goldens_dir()), as PyTorch computed
+// them on this machine: the file at the same relative path under MHA_PEERS_DIR.
+inline safetensors::File load_peer(const std::filesystem::path& golden) {
+  const std::filesystem::path relative = std::filesystem::path(golden).lexically_relative(goldens_dir());
+  if (relative.empty() || *relative.begin() == "..")
+    throw Error("load_peer: " + golden.string() + " is not under " + goldens_dir());
+  const std::filesystem::path peer = std::filesystem::path(MHA_PEERS_DIR) / relative;
+  if (!std::filesystem::exists(peer))
+    throw Error("load_peer: " + peer.string() + " is missing: run `ctest -R goldens.peers` (or " +
+                "scripts/goldens/peers_here.py " + MHA_PEERS_DIR + ")");
+  return safetensors::load(peer.string());
+}
 
 // Case folders under tests/goldens/<kind>/, sorted.
 inline std::vector<std::filesystem::path> golden_cases(const std::string& kind) {

@@ -25,7 +25,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from canonical_writer import save_canonical  # noqa: E402  (same byte-stable writer as the other goldens)
+from canonical_writer import peers_dir, save_canonical  # noqa: E402  (same byte-stable writer as the other goldens)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 OUT_DIR = os.path.join(ROOT, "tests", "goldens", "examples")
@@ -64,8 +64,9 @@ def write_case(case: str, program: str, args: str, model: torch.nn.Module, input
             assert torch.isfinite(v).all(), f"{case}: {k} is not finite in {dtype}"
         results[dtype] = {k: v.detach().to(dtype).contiguous() for k, v in out.items()}
     folder = os.path.join(OUT_DIR, case)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
+    if not peers_dir():  # (peers mode writes under its own folder only: canonical_writer.py)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
     # The command as the committed files record it: the script's earlier place (tests/goldens/README.md).
     meta = {"case": case, "description": description, "torch_version": torch.__version__,
             "regenerate": f"python3 scripts/example_goldens/{os.path.basename(sys.argv[0])}"}
