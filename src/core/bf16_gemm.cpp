@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mha/core/panel_gemm.h"
+#include "mha/core/simd.h"
 #include "packed_linear_args.h"
 
 namespace mha::bf16_gemm {
@@ -360,16 +361,24 @@ void multiply(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, const
   multiply_float32(m, n, k, a, lda, b_packed, ldb, c, ldc, accumulate);
 }
 
+// The CPU's best path, whatever is pinned.
+static Path best_of_cpu() {
+  static const Path best = !cpu_has_bf16() ? Path::float32 : cpu_has_amx() ? Path::amx : Path::vdpbf16ps;
+  return best;
+}
+
 std::vector<Path> paths() {
   std::vector<Path> out{Path::float32};
-  if (cpu_has_bf16()) out.push_back(Path::vdpbf16ps);
-  if (cpu_has_bf16() && cpu_has_amx()) out.push_back(Path::amx);
+  // A pinned target (or MHA_CPU_TARGET) below AVX3 is a CPU without AVX512_BF16 or AMX (simd.h).
+  const Path best = mha::detail::pin_allows_avx512() ? best_of_cpu() : Path::float32;
+  if (best >= Path::vdpbf16ps) out.push_back(Path::vdpbf16ps);
+  if (best >= Path::amx) out.push_back(Path::amx);
   return out;
 }
 
 Path path() {
-  static const Path best = paths().back();
-  return std::min(best, static_cast<Path>(forced_limit.load(std::memory_order_relaxed)));
+  if (!mha::detail::pin_allows_avx512()) return Path::float32;
+  return std::min(best_of_cpu(), static_cast<Path>(forced_limit.load(std::memory_order_relaxed)));
 }
 
 bool native() { return path() != Path::float32; }

@@ -2,23 +2,43 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+
+#include "mha/core/simd.h"
 
 namespace mha::detail {
 namespace {
 
-// The best OpenBLAS core type the CPU's features allow, or nullptr.
-const char* core_type_for_this_cpu() {
+// The OpenBLAS core type of the CPU's instruction set, at most MHA_CPU_TARGET's (mha/core/simd.h),
+// or nullptr; and whether that ceiling lowered it.
+struct CoreType {
+  const char* name;
+  bool lowered;
+};
+
+CoreType core_type_for_this_cpu() {
+  int level = 0;  // 0: none known, 1: SSE4, 2: AVX2 + FMA, 3: AVX-512
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    level = 3;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    level = 2;
+  else if (__builtin_cpu_supports("sse4.2"))
+    level = 1;
 #endif
-  return nullptr;
+  const std::string ceiling = simd_target_ceiling();
+  static const char* const names[] = {nullptr, "Nehalem", "Haswell", "SkylakeX"};
+  int capped = level;
+  if (ceiling == "AVX2") capped = std::min(level, 2);
+  if (ceiling == "SSE4") capped = std::min(level, 1);
+  if (ceiling == "SSSE3" || ceiling == "SCALAR" || ceiling == "EMU128") return {"Core2", true};
+  return {names[capped], capped < level};
 }
 
 void choose_once() {
@@ -31,9 +51,11 @@ void choose_once() {
   auto table = static_cast<void**>(dlsym(RTLD_DEFAULT, "gotoblas"));
   if (!corename || !dynamic_init || !table) return;
   const char* current = corename();
-  if (!current || std::strcmp(current, "Prescott") != 0) return;  // a real detection: keep it
-  const char* better = core_type_for_this_cpu();
-  if (!better) return;
+  const CoreType wanted = core_type_for_this_cpu();
+  if (!current || !wanted.name || std::strcmp(current, wanted.name) == 0) return;
+  // A real detection is kept unless MHA_CPU_TARGET lowers the instruction set.
+  if (std::strcmp(current, "Prescott") != 0 && !wanted.lowered) return;
+  const char* better = wanted.name;
   // gotoblas_dynamic_init() returns at once while a kernel table is set; clearing it makes it
   // run the dispatch again, now honouring OPENBLAS_CORETYPE.
   void* previous = *table;

@@ -186,6 +186,11 @@ HWY_AFTER_NAMESPACE();
 #include <string>
 #include <vector>
 
+#include "mha/core/simd.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 namespace mha::panel_gemm {
 
 HWY_EXPORT(PanelWidth);

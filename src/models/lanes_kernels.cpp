@@ -337,6 +337,11 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "models/lanes_kernels.h"
 
+#include "mha/core/simd.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 namespace mha::models::detail {
 
 static_assert(kLanes == 16, "lanes_kernels.cpp hard-codes 16 image lanes");

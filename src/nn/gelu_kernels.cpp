@@ -88,7 +88,11 @@ HWY_AFTER_NAMESPACE();
 
 #include "gelu_kernels.h"
 #include "mha/core/half.h"
+#include "mha/core/simd.h"
 #include "mha/nn/gelu.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
 
 namespace mha::nn::detail {
 HWY_EXPORT(GeluErfForward);

@@ -134,6 +134,11 @@ void LayerNormRowsBfloat16(const bfloat16* x, int64_t rows, int64_t n, const bfl
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "mha/core/simd.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 namespace mha::nn::detail {
 HWY_EXPORT(LayerNormRowsFloat);
 HWY_EXPORT(LayerNormRowsBfloat16);

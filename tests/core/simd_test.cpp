@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +55,19 @@ TEST(Simd, RefusesAnUnknownTarget) {
   EXPECT_TRUE(throws_error([] { mha::pin_simd_target("AVX9"); },
                            {"pin_simd_target: name", "expected", best, "got \"AVX9\""}));
   EXPECT_EQ(mha::pinned_simd_target(), "");
+}
+
+// MHA_CPU_TARGET, as this test runs (ctest may run the suite under a ceiling): the ceiling reads
+// it in Highway's spelling, and the best target listed (the one dispatch takes) is the ceiling
+// itself where the CPU runs it. (tests/cli/cpu_target_test.cpp sets it for a whole process.)
+TEST(Simd, TheCeilingIsTheEnvironmentsAndBoundsTheList) {
+  const char* value = std::getenv("MHA_CPU_TARGET");
+  std::string expected = value ? value : "";
+  for (char& c : expected) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(mha::simd_target_ceiling(), expected);
+  const std::vector<std::string> targets = mha::simd_targets();
+  if (!expected.empty() && std::find(targets.begin(), targets.end(), expected) != targets.end())
+    EXPECT_EQ(targets.front(), expected);
 }
 
 }  // namespace

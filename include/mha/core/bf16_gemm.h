@@ -80,7 +80,8 @@ void multiply_blocks(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda
 // the tiles at several times it; docs/bfloat16.md). All compute every product exactly and add in
 // float; they differ in the order of the additions.
 enum class Path { float32 = 0, vdpbf16ps = 1, amx = 2 };
-// The paths this CPU (and its kernel) can run, float32 first, the best last.
+// The paths this CPU (and its kernel) can run, float32 first, the best last: float32 alone while
+// a SIMD target below AVX3 is pinned or MHA_CPU_TARGET caps it there (mha/core/simd.h).
 std::vector<Path> paths();
 // The path multiply takes now: the best, or lower while a ScopedPath lives.
 Path path();

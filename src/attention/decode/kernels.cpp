@@ -223,6 +223,11 @@ MHA_DECODE_KERNELS(float16, F16)
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "mha/core/simd.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 namespace mha::attention::detail::decode {
 
 HWY_EXPORT(Lanes);

@@ -11,6 +11,10 @@
 
 #if HWY_ONCE
 #include "attention/tiles/kernels.h"
+#include "mha/core/simd.h"
+
+// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
 
 namespace mha::attention::detail::tiles {
 

@@ -52,8 +52,9 @@ void run_attention_bench(const BenchArgs& args) {
   const double sgemm = sgemm_gflops(args.repeats);
   report["sgemm_gflops"] = sgemm;
   report["blas_threading"] = to_string(blas_threading());
-  std::printf("mha bench: %d threads, backend %s; BLAS threads: %s; sgemm (2048^3, BLAS) %.1f GFLOP/s\n\n",
-              omp_get_max_threads(), args.backend.c_str(), to_string(blas_threading()).c_str(), sgemm);
+  std::printf("mha bench: %d threads, backend %s; BLAS threads: %s; sgemm (2048^3, BLAS) %.1f GFLOP/s\n%s\n\n",
+              omp_get_max_threads(), args.backend.c_str(), to_string(blas_threading()).c_str(), sgemm,
+              code_in_use(report).c_str());
   std::printf("%-34s %10s %8s %8s %10s %8s %8s %12s\n", "shape (B, H, L=S, d)", "fwd ms", "GFLOP/s", "%sgemm",
               "bwd ms", "GFLOP/s", "%sgemm", "extra MiB");
 

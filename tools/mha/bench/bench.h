@@ -55,6 +55,11 @@ int64_t extra_peak_bytes(const std::function<void()>& run);
 
 Tensor<float> random_tensor(const Shape& shape, Generator& gen);
 
+// The code this run takes, recorded in the report and returned as a line for the header: the
+// SIMD target in use (under MHA_CPU_TARGET's ceiling, when set: mha/core/simd.h) and the bfloat16
+// products' path.
+std::string code_in_use(nlohmann::json& report);
+
 // The report as JSON at `path` (written atomically; nothing when the path is empty).
 void write_report(const nlohmann::json& report, const std::string& path);
 

@@ -9,7 +9,9 @@
 #include <fstream>
 
 #include "mha/core/atomic_file.h"
+#include "mha/core/bf16_gemm.h"
 #include "mha/core/escape.h"
+#include "mha/core/simd.h"
 
 namespace mha::tools::bench {
 
@@ -48,6 +50,16 @@ Tensor<float> random_tensor(const Shape& shape, Generator& gen) {
   Tensor<float> t(shape);
   for (auto& x : t.values()) x = static_cast<float>(gen.normal());
   return t;
+}
+
+std::string code_in_use(nlohmann::json& report) {
+  const std::string target = simd_targets().front(), ceiling = simd_target_ceiling();
+  const char* bf16 = bf16_gemm::name(bf16_gemm::path());
+  report["simd_target"] = target;
+  report["mha_cpu_target"] = ceiling;
+  report["bf16_path"] = bf16;
+  return "SIMD target " + target + (ceiling.empty() ? " (this CPU's best)" : " (MHA_CPU_TARGET=" + ceiling + ")") +
+         "; bf16 products: " + bf16;
 }
 
 void write_report(const nlohmann::json& report, const std::string& path) {

@@ -152,8 +152,8 @@ void run_decode_bench(const BenchArgs& args) {
   report["threads"] = omp_get_max_threads();
   ReadBandwidth reader;
   std::printf("mha bench --decode: %d threads; read bandwidth: a parallel sum of 1 GiB after each step, same rounds\n"
-              "one query row per head, Hq = 32, d = 128, bottom-right causal; GB/s of keys and values read\n\n",
-              omp_get_max_threads());
+              "one query row per head, Hq = 32, d = 128, bottom-right causal; GB/s of keys and values read\n%s\n\n",
+              omp_get_max_threads(), code_in_use(report).c_str());
   std::printf("%-9s %3s %4s %7s %10s %8s %8s %8s\n", "cache", "B", "Hkv", "S", "step ms", "GB/s", "read", "%read");
   const std::vector<int64_t> batches = args.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
   const std::vector<int64_t> kv_heads = args.quick ? std::vector<int64_t>{8} : std::vector<int64_t>{8, 32};

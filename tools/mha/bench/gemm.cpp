@@ -17,8 +17,8 @@ namespace mha::tools::bench {
 void run_gemm_bench(const BenchArgs& args) {
   nlohmann::json report;
   const std::vector<bf16_gemm::Path> paths = bf16_gemm::paths();
-  std::printf("mha bench --gemm: one thread; GFLOP/s of C (m x n, float) = A (m x k) . B (k x n)\n"
-              "bf16 paths on this CPU (the last is the one taken):");
+  std::printf("mha bench --gemm: one thread; GFLOP/s of C (m x n, float) = A (m x k) . B (k x n)\n%s\n"
+              "bf16 paths on this CPU (the last is the one taken):", code_in_use(report).c_str());
   for (bf16_gemm::Path p : paths) std::printf(" [%s]", bf16_gemm::name(p));
   std::printf("\n\n%-26s %5s %5s %5s %10s", "tile", "m", "n", "k", "float32");
   // Each path's column and JSON key, by Path's value.
@@ -64,7 +64,6 @@ void run_gemm_bench(const BenchArgs& args) {
     std::fflush(stdout);
     report["tiles"].push_back(row);
   }
-  report["bf16_path"] = bf16_gemm::name(bf16_gemm::path());
   write_report(report, args.json_path);
 }
 
