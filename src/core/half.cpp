@@ -60,9 +60,6 @@ HWY_AFTER_NAMESPACE();
 
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha {
 namespace {
 
@@ -130,4 +127,8 @@ void convert(const float16* in, float* out, size_t count) { HWY_DYNAMIC_DISPATCH
 void convert(const float* in, float16* out, size_t count) { HWY_DYNAMIC_DISPATCH(FloatToFloat16)(in, out, count); }
 
 }  // namespace mha
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

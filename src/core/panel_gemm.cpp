@@ -188,9 +188,6 @@ HWY_AFTER_NAMESPACE();
 
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::panel_gemm {
 
 HWY_EXPORT(PanelWidth);
@@ -327,4 +324,8 @@ void PackedLinear::forward(View<const float> x, View<float> y, const Epilogue& e
 }
 
 }  // namespace mha::panel_gemm
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

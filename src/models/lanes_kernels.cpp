@@ -339,9 +339,6 @@ HWY_AFTER_NAMESPACE();
 
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::models::detail {
 
 static_assert(kLanes == 16, "lanes_kernels.cpp hard-codes 16 image lanes");
@@ -399,4 +396,8 @@ void attention_chunk_backward(const double* q, const double* k, const double* v,
 }
 
 }  // namespace mha::models::detail
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

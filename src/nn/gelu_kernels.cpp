@@ -91,9 +91,6 @@ HWY_AFTER_NAMESPACE();
 #include "mha/core/simd.h"
 #include "mha/nn/gelu.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::nn::detail {
 HWY_EXPORT(GeluErfForward);
 
@@ -144,4 +141,8 @@ void gelu_for_bfloat16(const float* x, float* y, int64_t n) {
 }
 
 }  // namespace mha::nn::detail
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

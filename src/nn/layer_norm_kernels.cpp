@@ -136,9 +136,6 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::nn::detail {
 HWY_EXPORT(LayerNormRowsFloat);
 HWY_EXPORT(LayerNormRowsBfloat16);
@@ -152,4 +149,8 @@ void layer_norm_rows(const bfloat16* x, int64_t rows, int64_t n, const bfloat16*
   HWY_DYNAMIC_DISPATCH(LayerNormRowsBfloat16)(x, rows, n, w, b, eps, y, normalized, rstd);
 }
 }  // namespace mha::nn::detail
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

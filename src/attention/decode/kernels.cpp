@@ -225,9 +225,6 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::attention::detail::decode {
 
 HWY_EXPORT(Lanes);
@@ -257,4 +254,8 @@ MHA_DECODE_DISPATCH(float16, F16)
 #undef MHA_DECODE_DISPATCH
 
 }  // namespace mha::attention::detail::decode
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
+
 #endif  // HWY_ONCE

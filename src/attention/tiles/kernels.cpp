@@ -13,9 +13,6 @@
 #include "attention/tiles/kernels.h"
 #include "mha/core/simd.h"
 
-// MHA_CPU_TARGET's ceiling, set before this file's first dispatch (mha/core/simd.h).
-[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
-
 namespace mha::attention::detail::tiles {
 
 HWY_EXPORT(OnlineSoftmaxTile);
@@ -46,5 +43,8 @@ void dropout_tile(uint64_t seed, uint64_t batch_head, uint32_t i0, size_t rows, 
 }
 
 }  // namespace mha::attention::detail::tiles
+
+// MHA_CPU_TARGET's ceiling, set while the program starts, before any dispatch (mha/core/simd.h).
+[[maybe_unused]] static const bool cpu_target_applied = mha::detail::apply_cpu_target_from_environment();
 
 #endif  // HWY_ONCE
