@@ -76,6 +76,20 @@ void transpose(const T* src, size_t src_ld, size_t rows, size_t cols, U* dst, si
         }
 }
 
+// The backward's Qᵀ and dOᵀ (qt, dot: Dqk and Dv rows of `ld`) from a block's Q and dO rows, a
+// fully masked row's columns zeroed (`transposes` of each representation).
+template <class T, class U, class Plan, class Scratch>
+void transpose_rows(const T* q, size_t q_ld, const T* dout, size_t dout_ld, size_t rows, const Plan& n,
+                    const Scratch& s, U* qt, U* dot, size_t ld) {
+  transpose(q, q_ld, rows, n.Dqk, qt, ld);
+  transpose(dout, dout_ld, rows, n.Dv, dot, ld);
+  for (size_t r = 0; r < rows; ++r) {
+    if (!s.fully_masked(r)) continue;
+    for (size_t d = 0; d < n.Dqk; ++d) qt[d * ld + r] = U{0};
+    for (size_t d = 0; d < n.Dv; ++d) dot[d * ld + r] = U{0};
+  }
+}
+
 // A band's P, as the online softmax left it: in float (the score tile) and, where the
 // representation asks, in bfloat16 (hi, and split lo), all with row stride ld.
 struct BandProbs {
@@ -151,13 +165,7 @@ struct FloatPanels {
   template <class T, class Plan, class Scratch>
   static void transposes(const T* q, size_t q_ld, const T* dout, size_t dout_ld, size_t rows, const Plan& n,
                          Scratch& s) {
-    transpose(q, q_ld, rows, n.Dqk, s.qt.data(), n.Br);
-    transpose(dout, dout_ld, rows, n.Dv, s.dot.data(), n.Br);
-    for (size_t r = 0; r < rows; ++r) {
-      if (!s.fully_masked(r)) continue;
-      for (size_t d = 0; d < n.Dqk; ++d) s.qt[d * n.Br + r] = 0.0f;
-      for (size_t d = 0; d < n.Dv; ++d) s.dot[d * n.Br + r] = 0.0f;
-    }
+    transpose_rows(q, q_ld, dout, dout_ld, rows, n, s, s.qt.data(), s.dot.data(), n.Br);
   }
   template <class Plan, class Scratch>
   static const Bf16Operands* operands(const Plan&, Scratch&, Bf16Operands&) { return nullptr; }
@@ -243,13 +251,7 @@ struct Bf16Pairs {
   template <class T, class Plan, class Scratch>
   static void transposes(const T* q, size_t q_ld, const T* dout, size_t dout_ld, size_t rows, const Plan& n,
                          Scratch& s) {
-    transpose(q, q_ld, rows, n.Dqk, s.qt16.data(), n.br2);
-    transpose(dout, dout_ld, rows, n.Dv, s.dot16.data(), n.br2);
-    for (size_t r = 0; r < rows; ++r) {
-      if (!s.fully_masked(r)) continue;
-      for (size_t d = 0; d < n.Dqk; ++d) s.qt16[d * n.br2 + r] = bfloat16{0};
-      for (size_t d = 0; d < n.Dv; ++d) s.dot16[d * n.br2 + r] = bfloat16{0};
-    }
+    transpose_rows(q, q_ld, dout, dout_ld, rows, n, s, s.qt16.data(), s.dot16.data(), n.br2);
   }
   // Split: the lo parts after the hi ones.
   template <class Plan, class Scratch>
