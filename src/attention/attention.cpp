@@ -1,6 +1,7 @@
 // sdpa_forward / sdpa_backward: the arguments checked (checks.h), then the call dispatched to the
 // chosen backend (a half-precision call's reference runs in float: half_reference.h).
 #include "mha/attention/attention.h"
+#include "mha/attention/work_split.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "mha/core/half.h"
 #include "problem.h"
 #include "reference.h"
+#include "work_split.h"
 
 namespace mha::attention {
 namespace {
@@ -320,6 +322,32 @@ void sdpa_forward_into(View<const float> query, View<const float16> key, View<co
 }
 
 template <class T>
+WorkSplit work_split(const Shape& query, const Shape& key, const Shape& value, const Options<T>& options, Pass pass,
+                     int threads) {
+  check(threads >= 1, "threads: expected at least 1, got ", threads);
+  check_rank4(query, "query", "(B, Hq, L, Dqk)");
+  check_rank4(key, "key", "(B, Hkv, S, Dqk)");
+  check_rank4(value, "value", "(B, Hkv, S, Dv)");
+  const Problem p = make_problem(query, key, value, options);
+  const Backend backend = pass == Pass::forward ? resolve_backend<T>(options.backend, p, options.need_weights)
+                                                : resolve_backward_backend<T>(options.backend, p);
+  check(backend != Backend::reference,
+        "options.backend: the reference runs no parallel tasks of its own, so it has no work split (use cpu_flash, "
+        "decode or automatic on float, bfloat16 or float16)");
+  std::vector<detail::TaskLoop> loops;
+  if constexpr (!std::is_same_v<T, double>) {
+    if (pass == Pass::backward) {
+      loops = detail::cpu_flash_backward_loops<T>(p);
+    } else {
+      loops = backend == Backend::decode ? detail::decode_loops(p) : detail::cpu_flash_forward_loops(p);
+    }
+  }
+  WorkSplit split = detail::share(loops, threads);
+  split.backend = backend;
+  return split;
+}
+
+template <class T>
 void merge_partial(View<double> output, View<double> logsumexp, View<const T> block_output,
                    View<const double> block_logsumexp) {
   const Rows<double> out = rows_of(output, "output", "(B, H, L, Dv)");
@@ -355,7 +383,8 @@ void merge_partial(View<double> output, View<double> logsumexp, View<const T> bl
                                   const Options<T>&);                                                         \
   template void sdpa_backward_into(View<const T>, View<const T>, View<const T>, View<const T>, View<const double>, \
                                    View<const T>, const GradientOutputs<T>&, const Options<T>&);              \
-  template void merge_partial(View<double>, View<double>, View<const T>, View<const double>);
+  template void merge_partial(View<double>, View<double>, View<const T>, View<const double>);                 \
+  template WorkSplit work_split(const Shape&, const Shape&, const Shape&, const Options<T>&, Pass, int);
 MHA_INSTANTIATE(float)
 MHA_INSTANTIATE(double)
 MHA_INSTANTIATE(bfloat16)

@@ -104,8 +104,8 @@ TEST(CpuFlash, WeightsMatchReference) {
   }
 }
 
-// The same output and gradients, bit for bit, for 1 and 2 threads, with shapes that split the
-// keys of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12), and with long keys.
+// The same output and gradients, bit for bit, for 1, 2, 3 and 8 threads, with shapes that split the
+// queries of the backward into chunks (B·Hkv = 1) and that do not (B·Hkv = 12), and with long keys.
 TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
   Case few = sized(1, 2, 1, 200, 1025, 64, 64);
   few.scoring.causal = Causal::bottom_right;
@@ -119,11 +119,14 @@ TEST(CpuFlash, BitwiseIdenticalForAnyThreadCount) {
   Case long_keys = few;  // segmented backward, shared packs in the forward
   long_keys.q_len = 50;
   long_keys.k_len = 16385 + 300;
-  for (const Case& c : {few, many, long_keys}) {
+  Case long_chunks = long_keys;  // 80 items (2 heads × 40 blocks): 16 chunks of 5, dealt back and forth
+  long_chunks.q_len = 3840;
+  long_chunks.scoring.causal = Causal::top_left;
+  long_chunks.mask = MaskKind::none;
+  for (const Case& c : {few, many, long_keys, long_chunks}) {
     SCOPED_TRACE(c.describe());
     const Inputs in = make_inputs(c, 41);
-    const auto [one, two] = on_one_and_two_threads([&] { return run<float>(c, in, Backend::cpu_flash); });
-    expect_bitwise(one, two);
+    expect_bitwise_on_thread_counts([&] { return run<float>(c, in, Backend::cpu_flash); });
   }
 }
 

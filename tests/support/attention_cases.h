@@ -338,17 +338,20 @@ bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<size_t>(a.numel())) == 0;
 }
 
-// run() on one thread, then on two (the thread count restored after): both results, for the
-// tests that every result is the same bits for any thread count.
-template <class Run>
-auto on_one_and_two_threads(Run&& run) {
+// run() on one thread, then on 2, 3 (an odd count) and 8 (more than kFewestTasks' chunks and
+// than the cores), the thread count restored after; same(first, later) checks each later result
+// against the first: for the tests that every result is the same bits for any thread count.
+template <class Run, class Same>
+void on_thread_counts(Run&& run, Same&& same) {
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  auto one = run();
-  omp_set_num_threads(2);
-  auto two = run();
+  const auto one = run();
+  for (int n : {2, 3, 8}) {
+    SCOPED_TRACE(std::to_string(n) + " threads");
+    omp_set_num_threads(n);
+    same(one, run());
+  }
   omp_set_num_threads(threads);
-  return std::pair{std::move(one), std::move(two)};
 }
 
 // Every output and gradient of two runs bit for bit (threads counts, blocks against the whole).
@@ -361,6 +364,12 @@ void expect_bitwise(const Results<T>& a, const Results<T>& b) {
   EXPECT_TRUE(bitwise_equal(a.grads.grad_value, b.grads.grad_value)) << "grad_value";
   EXPECT_EQ(a.grads.grad_sinks.has_value(), b.grads.grad_sinks.has_value());
   if (a.grads.grad_sinks && b.grads.grad_sinks) EXPECT_TRUE(bitwise_equal(*a.grads.grad_sinks, *b.grads.grad_sinks));
+}
+
+// Every result of run() the same bits on 1, 2, 3 and 8 threads.
+template <class Run>
+void expect_bitwise_on_thread_counts(Run&& run) {
+  on_thread_counts(run, [](const auto& one, const auto& other) { expect_bitwise(one, other); });
 }
 
 // FlashAttention's rule for a fast backend: on the same float inputs, its error against the

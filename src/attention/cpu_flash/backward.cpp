@@ -30,8 +30,9 @@
 // heads of a GQA group are in the same task, so the task's dK, dV accumulators gather them
 // without atomics; each chunk owns its dQ rows and writes its own partial dKᵀ, dVᵀ, summed
 // afterwards in chunk order. The number of chunks depends on the shape only (more than one only
-// when B·Hkv is small; the whole call's Hkv for a block of heads), so the result is bitwise the
-// same for any number of threads, and for a block of heads the whole call's.
+// when B·Hkv is small or the keys long: split_items; the whole call's Hkv for a block of heads),
+// so the result is bitwise the same for any number of threads, and for a block of heads the
+// whole call's.
 //
 // The products that read a tile transposed (dV += Pᵀ·dO, dK += dSᵀ·Q) are computed transposed,
 // dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS: P and dS then enter as the panel operand B exactly as they are
@@ -46,6 +47,7 @@
 #include "cpu_flash.h"
 #include "mha/core/bf16_gemm.h"
 #include "products.h"
+#include "../work_split.h"
 
 namespace mha::attention::detail {
 
@@ -53,23 +55,37 @@ using namespace cpu_flash;
 
 namespace {
 
-// At least kMinTasks tasks when the shape allows, so that a call with few (b, kv head) pairs
-// still keeps every core busy; fixed by the shape alone.
-constexpr int64_t kMinTasks = 8;
+// Chunks per (b, kv head) pair, from the shape alone. Each chunk packs its kv head's keys and
+// leaves a partial dKᵀ, dVᵀ (written, then summed by sum_chunks), traffic that costs beside the
+// work (2 threads, Zen 5: 4 chunks of 11 query blocks each took (4, 8, 4096, 64) causal from 422
+// to 537–557 ms, (4, 8, 2048, 64) from 199 to 224–228 ms). So a pair is cut only where there would
+// be too few tasks for a few cores: into kFewestTasks / pairs chunks for fewer than kFewestTasks
+// pairs; and with long keys, whose segments are loops of their own (a barrier after each), into
+// up to kTasks / pairs chunks (one task per thread up to 128 threads) of kItemsPerChunk items or
+// more, a power of two (thread counts mostly are). The items are dealt to the chunks back and
+// forth (0, 1, …, K − 1, then K − 1, …, 0, …), so that a causal call's chunks, whose items' work
+// grows along each head, get nearly the same work.
+constexpr int64_t kFewestTasks = 8;
+constexpr int64_t kTasks = 128;
+constexpr int64_t kItemsPerChunk = 5;
 
 struct Chunks {
-  int64_t count = 0;           // chunks per (b, kv head)
-  int64_t items_per_chunk = 0;  // (query head, query block) pairs per chunk
+  int64_t count = 0;  // chunks per (b, kv head)
+  int64_t items = 0;  // (query head, query block) pairs of a (b, kv head)
+  // Item r of chunk c (r = 0, 1, … while below `items`): round r's turn, back and forth.
+  int64_t item(int64_t c, int64_t r) const { return r * count + (r % 2 == 0 ? c : count - 1 - c); }
 };
 
-Chunks split_items(int64_t kv_pairs, int64_t items) {
+Chunks split_items(int64_t kv_pairs, int64_t items, bool long_keys) {
   if (items == 0) return {};
-  int64_t wanted = kv_pairs >= kMinTasks ? 1 : (kMinTasks + kv_pairs - 1) / kv_pairs;
-  wanted = std::min(wanted, items);
-  Chunks chunks;
-  chunks.items_per_chunk = (items + wanted - 1) / wanted;
-  chunks.count = (items + chunks.items_per_chunk - 1) / chunks.items_per_chunk;
-  return chunks;
+  auto per_pair = [&](int64_t tasks) { return (tasks + kv_pairs - 1) / kv_pairs; };
+  int64_t wanted = std::min(per_pair(kFewestTasks), items);
+  if (long_keys) {
+    int64_t many = 1;
+    while (2 * many <= std::min(per_pair(kTasks), items / kItemsPerChunk)) many *= 2;
+    wanted = std::max(wanted, many);
+  }
+  return {wanted, items};
 }
 
 // The most keys a block's walk reads (Problem::visible_keys from its walk_start), rounded up to
@@ -136,6 +152,20 @@ struct Plan {
   size_t dq2, dv2, br2;
   size_t step;  // where a band's columns may begin
 
+  // Item `item` of kv pair kv (= b·Hkv + kv head): its query head and block.
+  std::pair<int64_t, QueryBlocks::Block> item(int64_t kv, int64_t item) const {
+    return {(kv % Hkv) * G + item / query_blocks, blocks[item % query_blocks]};
+  }
+  // Segment seg's keys [segment_start, segment_start + segment_keys).
+  int64_t segment_start(int64_t seg) const { return seg * static_cast<int64_t>(segment); }
+  size_t segment_keys(int64_t seg) const { return std::min<size_t>(segment, to_size(S - segment_start(seg))); }
+  // The keys the walk of queries [i0, i0 + rows) of sequence b reads in segment seg (empty: none).
+  KeyRange walk(const Problem& p, int64_t b, int64_t i0, size_t rows, int64_t seg) const {
+    const KeyRange keys = p.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
+    const int64_t s0 = segment_start(seg);
+    return {std::max(s0, walk_start(keys)), std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end)};
+  }
+
   size_t parts() const { return split ? 2 : 1; }  // of each bf16 operand: hi (and lo)
   // The packed width of Kᵀ and Vᵀ on pairs: the segment's keys, or split_width's for split ones.
   size_t kt_width(size_t seg_keys) const { return split ? split_width(segment) : seg_keys; }
@@ -153,7 +183,7 @@ struct Plan {
         key_stride(segment_padded + 16),
         blocks(p, static_cast<int64_t>(Br)), query_blocks(blocks.count()),
         walk_stride(std::min(segment_padded, widest_walk(p, B, blocks, W)) + 16),
-        chunks(split_items(B * (p.whole().heads / G), G * query_blocks)),
+        chunks(split_items(B * (p.whole().heads / G), G * query_blocks, two_sweeps)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
         partial(p.partial_keys()), banded(narrow_window(p)), pairs(pairs || split), split(split),
@@ -260,9 +290,8 @@ class Backward {
   }
 
  private:
-  // Segment seg's keys [s0, s0 + seg_keys).
-  int64_t segment_start(int64_t seg) const { return seg * static_cast<int64_t>(n_.segment); }
-  size_t segment_keys(int64_t seg) const { return std::min<size_t>(n_.segment, to_size(n_.S - segment_start(seg))); }
+  int64_t segment_start(int64_t seg) const { return n_.segment_start(seg); }
+  size_t segment_keys(int64_t seg) const { return n_.segment_keys(seg); }
 
   // One task over one segment: pack the kv head's keys and values there, run the task's query
   // blocks, then hand over its dKᵀ, dVᵀ.
@@ -276,11 +305,8 @@ class Backward {
     const size_t v_ld = to_size(a_.value.stride_row);
     Products::pack_keys(k_seg, k_ld, v_seg, v_ld, seg_keys, gradients, n_, s);
     if (gradients) std::fill(s.kvt.data(), s.kvt.data() + n_.kvt_size, 0.0f);
-    const int64_t first_item = chunk * n_.chunks.items_per_chunk;
-    const int64_t end_item = std::min(n_.G * n_.query_blocks, first_item + n_.chunks.items_per_chunk);
-    for (int64_t item = first_item; item < end_item; ++item) {
-      const int64_t h = (kv % n_.Hkv) * n_.G + item / n_.query_blocks;
-      const QueryBlocks::Block block = n_.blocks[item % n_.query_blocks];
+    for (int64_t r = 0, item; (item = n_.chunks.item(chunk, r)) < n_.chunks.items; ++r) {
+      const auto [h, block] = n_.item(kv, item);
       query_block(s, b, h, block.first, block.rows, seg, gradients);
     }
     if (gradients) hand_over_kv_gradients(s, task, seg);
@@ -288,10 +314,8 @@ class Backward {
 
   // Queries [i0, i0 + rows) of (b, h) against the segment's keys they see.
   void query_block(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t seg, bool gradients) {
-    const int64_t s0 = segment_start(seg);
-    const KeyRange keys = p_.visible_keys(b, i0, i0 + static_cast<int64_t>(rows));
-    const int64_t s_begin = std::max(s0, walk_start(keys));
-    const int64_t s_end = std::min(s0 + static_cast<int64_t>(segment_keys(seg)), keys.end);
+    const int64_t s0 = n_.segment_start(seg);
+    const auto [s_begin, s_end] = n_.walk(p_, b, i0, rows, seg);
     if (s_end <= s_begin) return;
     Products::load_rows(a_.query.row(b, h, i0), to_size(a_.query.stride_row), a_.grad_output.row(b, h, i0),
                         to_size(a_.grad_output.stride_row), rows, static_cast<float>(p_.scale), n_, s);
@@ -498,6 +522,36 @@ class Backward {
 }  // namespace
 
 template <class T>
+std::vector<TaskLoop> cpu_flash_backward_loops(const Problem& p) {
+  std::vector<TaskLoop> loops;
+  if (p.batch * p.query_heads * p.query_len == 0 || p.key_len == 0) return loops;
+  with_backward_products<T>(p, [&](auto products) {
+    using Products = decltype(products);
+    const Plan n(p, Products::pairs && !Products::split, Products::split);
+    // Backward::run's loops: per sweep and segment, the tasks; a task's work is its items' rows ×
+    // the keys their walks read there, × the products per tile (pass A's two alone in the first
+    // of two sweeps, five with one sweep, seven in the second of two). sum_chunks' loop (static,
+    // over the kv pairs, reading the partials) is left out.
+    for (int sweep = n.two_sweeps && !n.partial ? 0 : 1; sweep < 2; ++sweep)
+      for (int64_t seg = 0; seg < n.segments; ++seg) {
+        const double products_per_tile = sweep == 0 ? 2 : n.two_sweeps ? 7 : 5;
+        TaskLoop& loop = loops.emplace_back();
+        for (int64_t task = 0; task < n.tasks; ++task) {
+          const int64_t kv = task / n.chunks.count, b = kv / n.Hkv;
+          double work = 0;
+          for (int64_t r = 0, item; (item = n.chunks.item(task % n.chunks.count, r)) < n.chunks.items; ++r) {
+            const QueryBlocks::Block block = n.item(kv, item).second;
+            const KeyRange keys = n.walk(p, b, block.first, block.rows, seg);
+            if (!keys.empty()) work += static_cast<double>(block.rows * to_size(keys.end - keys.begin));
+          }
+          loop.work.push_back(products_per_tile * work);
+        }
+      }
+  });
+  return loops;
+}
+
+template <class T>
 void cpu_flash_backward(const Problem& p, const ScoreAdditions<T>& additions, const BackwardArgs<T>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
   // grad_output (B, Hq, L, Dv)  logsumexp (B, Hq, L), rows at any strides; the output is read
@@ -507,6 +561,9 @@ void cpu_flash_backward(const Problem& p, const ScoreAdditions<T>& additions, co
   with_backward_products<T>(p, [&](auto products) { Backward<T, decltype(products)>(p, additions, a).run(); });
 }
 
+template std::vector<TaskLoop> cpu_flash_backward_loops<float>(const Problem&);
+template std::vector<TaskLoop> cpu_flash_backward_loops<bfloat16>(const Problem&);
+template std::vector<TaskLoop> cpu_flash_backward_loops<float16>(const Problem&);
 template void cpu_flash_backward(const Problem&, const ScoreAdditions<float>&, const BackwardArgs<float>&);
 template void cpu_flash_backward(const Problem&, const ScoreAdditions<bfloat16>&, const BackwardArgs<bfloat16>&);
 template void cpu_flash_backward(const Problem&, const ScoreAdditions<float16>&, const BackwardArgs<float16>&);

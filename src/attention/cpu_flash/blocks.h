@@ -103,8 +103,12 @@ bool backward_on_pairs(const Problem& p) {
 // for the walk's alignment), so smaller blocks compute fewer hidden scores; the micro-kernel's
 // 6-row strips still fill. Measured (W = 256, B = 1, H = 8, L = 16 384, d = 64, 2 threads, three
 // alternating runs on a noisy machine): forward 90, 78, 73 GFLOP/s of visible pairs with 48 rows
-// against 88, 81, 70 with 96; backward 95, 81, 85 against 88, 86, 76; 24 rows were slower.
-inline bool narrow_window(const Problem& p) { return p.settings.window_left >= 0 && p.settings.window_left < 512; }
+// against 88, 81, 70 with 96; backward 95, 81, 85 against 88, 86, 76; 24 rows were slower. A
+// window as wide as the keys or wider is no narrower than a row's walk, so its blocks (and the
+// backward's chunks of them) are those of no window.
+inline bool narrow_window(const Problem& p) {
+  return p.settings.window_left >= 0 && p.settings.window_left < std::min<int64_t>(512, p.key_len);
+}
 inline int64_t block_rows(const Problem& p, size_t rows) {
   return static_cast<int64_t>(narrow_window(p) ? rows / 2 : rows);
 }

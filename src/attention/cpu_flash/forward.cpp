@@ -11,7 +11,6 @@
 // Why it is exact: after any prefix of key blocks, O = Σ_j exp(s_j − m)·z_j·v_j and
 // l = Σ_j exp(s_j − m) for the current m; multiplying both by e^(m − m') re-bases them on the
 // new maximum, so the final O / l is Σ_j softmax(s)_j·z_j·v_j whatever the order of blocks.
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +21,7 @@
 #include "cpu_flash.h"
 #include "mha/core/bf16_gemm.h"
 #include "products.h"
+#include "../work_split.h"
 
 namespace mha::attention::detail {
 
@@ -181,6 +181,38 @@ void forward_query_block(const Problem& p, const ScoreAdditions<T>& additions, c
   });
 }
 
+// How the forward cuts its work: one task per (b, h, block of Br queries), in that order; tasks
+// run in parallel, each writes only its rows. The packed kv head (PackedKv): with short keys each
+// thread packs the keys its task's walk reads when they are not packed yet (consecutive tasks
+// mostly share one kv head), those keys and up to kPackAhead more (or as many as the walk,
+// whichever is more) of the same sequence: a dense call packs a kv head in a few growing steps, a
+// sliding window the band it slides over (O(W·d) per step, in cache) instead of the whole head.
+// With long keys, one shared copy, the kv heads taken one after another (a loop per kv head).
+struct ForwardPlan {
+  int64_t Hq, Br;
+  QueryBlocks blocks;
+  int64_t tasks, tasks_per_kv;  // a kv head's tasks are consecutive: its query heads × their blocks
+  bool shared_packs;
+
+  explicit ForwardPlan(const Problem& p)
+      : Hq(p.query_heads), Br(block_rows(p, kForwardQueries)), blocks(p, Br),
+        tasks(p.batch * Hq * blocks.count()), tasks_per_kv(p.group_size() * blocks.count()),
+        shared_packs(p.key_len > kLongKeys) {}
+
+  struct Task {
+    int64_t b, h;
+    QueryBlocks::Block block;
+  };
+  Task task(int64_t t) const {
+    const int64_t bh = t / blocks.count();
+    return {bh / Hq, bh % Hq, blocks[t % blocks.count()]};
+  }
+  KeyRange keys(const Problem& p, int64_t t) const {
+    const Task x = task(t);
+    return p.visible_keys(x.b, x.block.first, x.block.first + static_cast<int64_t>(x.block.rows));
+  }
+};
+
 template <class Products, class T, class Kv>
 void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {
   // query (B, Hq, L, Dqk)  key (B, Hkv, S, Dqk)  value (B, Hkv, S, Dv)
@@ -191,19 +223,9 @@ void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const Forw
 
   using Pack = typename Products::Pack;
   const size_t dv_padded = round_up(Dv, panel_width());
-  const int64_t Br = block_rows(p, kForwardQueries);
-
-  // One task per (b, h, block of Br queries); tasks run in parallel, each writes only its rows.
-  const QueryBlocks blocks(p, Br);
-  const int64_t query_blocks = blocks.count();
-  const int64_t tasks = B * Hq * query_blocks;
-  // The packed kv head (PackedKv). Short keys: each thread packs the keys its task's walk reads
-  // when they are not packed yet (consecutive tasks mostly share one kv head), those keys and up to
-  // kPackAhead more (or as many as the walk, whichever is more) of the same sequence: a dense call
-  // packs a kv head in a few growing steps, a sliding window the band it slides over (O(W·d) per
-  // step, in cache) instead of the whole head. Long keys: one shared copy, the kv heads taken one
-  // after another.
-  const bool shared_packs = S > kLongKeys;
+  const ForwardPlan plan(p);
+  const int64_t tasks = plan.tasks;
+  const bool shared_packs = plan.shared_packs;
   const size_t kt_size = Products::kt_size(to_size(S), Dqk), v_size = Products::v_size(to_size(S), Dv);
   auto buffers = [&](bool own) {  // a thread's own packs, or the shared ones
     const bool here = own != shared_packs;
@@ -230,9 +252,9 @@ void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const Forw
     Scratch<Products> scratch(p, additions.present(), Dqk, dv_padded);
 
     auto run_task = [&](int64_t task) {
-      const int64_t bh = task / query_blocks, b = bh / Hq, h = bh % Hq, kv = b * Hkv + h / p.group_size();
-      const QueryBlocks::Block block = blocks[task % query_blocks];
-      const KeyRange keys = p.visible_keys(b, block.first, block.first + static_cast<int64_t>(block.rows));
+      const auto [b, h, block] = plan.task(task);
+      const int64_t kv = b * Hkv + h / p.group_size();
+      const KeyRange keys = plan.keys(p, task);
       const int64_t first = walk_start(keys);
       if (!shared_packs && !keys.empty() &&
           (kv != packed_kv || first < packed.first || keys.end > packed.first + packed.count)) {
@@ -244,14 +266,13 @@ void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const Forw
       forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
     if (!shared_packs) {
-      // Runs of consecutive query blocks share one pack (kPackAhead keys past a block), so a thread
-      // takes a run at a time, as long as every thread still gets a few runs.
-      const int64_t run = std::clamp<int64_t>(std::min(kPackAhead / Br, tasks / (4 * omp_get_num_threads())), 1, query_blocks);
-#pragma omp for schedule(dynamic, run)
+      // Consecutive query blocks share one pack (kPackAhead keys past a block): the guided
+      // schedule hands a thread long runs of them first (the tasks left / the threads), then
+      // shorter ones, down to single tasks at the end, so that the threads finish together.
+#pragma omp for schedule(guided)
       for (int64_t task = 0; task < tasks; ++task) run_task(task);
     } else {
-      // A kv head's tasks are consecutive: its query heads (a GQA group) × their query blocks.
-      const int64_t tasks_per_kv = p.group_size() * query_blocks;
+      const int64_t tasks_per_kv = plan.tasks_per_kv;
       for (int64_t kv = 0; kv < B * Hkv; ++kv) {
 #pragma omp single
         pack_kv_head(kv, 0, S, shared_packed);  // O(S·d), against O(L·S·d) of work
@@ -265,6 +286,23 @@ void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const Forw
 
 
 }  // namespace
+
+std::vector<TaskLoop> cpu_flash_forward_loops(const Problem& p) {
+  const ForwardPlan plan(p);
+  // A task's work: its rows × the keys its walk reads (walk_start on), two products.
+  auto work = [&](int64_t t) {
+    const KeyRange keys = plan.keys(p, t);
+    return keys.empty() ? 0.0 : 2.0 * static_cast<double>(plan.task(t).block.rows * to_size(keys.end - walk_start(keys)));
+  };
+  std::vector<TaskLoop> loops;
+  const int64_t per_loop = plan.shared_packs ? plan.tasks_per_kv : plan.tasks;
+  for (int64_t t0 = 0; per_loop > 0 && t0 < plan.tasks; t0 += per_loop) {
+    TaskLoop& loop = loops.emplace_back();
+    loop.guided = false;
+    for (int64_t t = t0; t < t0 + per_loop; ++t) loop.work.push_back(work(t));
+  }
+  return loops;
+}
 
 template <class T, class Kv>
 void cpu_flash_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a) {

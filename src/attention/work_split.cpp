@@ -1,0 +1,37 @@
+// work_split (mha/attention/work_split.h): the backend's loops (work_split.h), dealt to threads as
+// OpenMP's dynamic schedule deals them.
+#include "work_split.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace mha::attention::detail {
+
+WorkSplit share(const std::vector<TaskLoop>& loops, int threads) {
+  WorkSplit split;
+  split.loops = static_cast<int64_t>(loops.size());
+  std::vector<int64_t> taken(static_cast<size_t>(threads), 0);
+  double work = 0, time = 0;
+  for (const TaskLoop& loop : loops) {
+    // Every thread starts the loop at once; the thread free first (the lowest, on a tie) takes the
+    // next task, or under a guided schedule the next ⌈tasks left / threads⌉ (libgomp's rule).
+    std::vector<double> free_at(static_cast<size_t>(threads), 0.0);
+    const size_t n = loop.work.size(), T = static_cast<size_t>(threads);
+    for (size_t t0 = 0, t1 = 0; t0 < n; t0 = t1) {
+      const size_t thread = static_cast<size_t>(std::min_element(free_at.begin(), free_at.end()) - free_at.begin());
+      t1 = loop.guided ? t0 + (n - t0 + T - 1) / T : t0 + 1;
+      free_at[thread] += std::accumulate(loop.work.begin() + static_cast<std::ptrdiff_t>(t0),
+                                         loop.work.begin() + static_cast<std::ptrdiff_t>(t1), 0.0);
+      taken[thread] += static_cast<int64_t>(t1 - t0);
+    }
+    work += std::accumulate(loop.work.begin(), loop.work.end(), 0.0);
+    time += *std::max_element(free_at.begin(), free_at.end());
+    split.tasks += static_cast<int64_t>(n);
+  }
+  split.fewest = *std::min_element(taken.begin(), taken.end());
+  split.most = *std::max_element(taken.begin(), taken.end());
+  split.idle = time > 0 ? 1.0 - work / (threads * time) : 0.0;
+  return split;
+}
+
+}  // namespace mha::attention::detail
