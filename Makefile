@@ -22,6 +22,8 @@
 #               (scripts/bench/bench_transformers.py), then context-parallel attention under mpirun
 #               (scripts/bench/bench_distributed.sh); each script's --help says its options;
 #               installs the peers (install_python_deps.sh --bench)
+#   make wheel  a binary wheel in dist/ (manylinux, what it links bundled), installed into a fresh
+#               virtual environment and checked there (scripts/check_wheel.sh)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -33,7 +35,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps model build peers test test-python python-package test-sanitize fuzz demo bench clean
+.PHONY: all deps model build peers test test-python python-package test-sanitize fuzz demo bench wheel clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -116,6 +118,21 @@ bench: deps model build python-package
 	$(BUILD_DIR)/tools/mha/mha bench --gemm --json $(BUILD_DIR)/bench/gemm.json
 	$(PYTHON) scripts/bench/bench_transformers.py $(BUILD_DIR)
 	./scripts/bench/bench_distributed.sh $(BUILD_DIR)
+
+# A binary wheel for machines without build tools (docs/python.md, "A binary wheel"): the module
+# built by scikit-build-core against `make build`'s libraries (MHA_PREBUILT_DIR: the C++ library is
+# compiled once, for the CMake package, the tests and the wheel), repaired by auditwheel (the
+# shared libraries it links bundled, the manylinux tag of this glibc) into dist/, then installed
+# into a fresh virtual environment and checked there (scripts/check_wheel.sh).
+WHEEL_DIR ?= dist
+wheel: TARGETS = mha mha_models
+wheel: deps build
+	./scripts/install_python_deps.sh --wheel
+	rm -rf $(WHEEL_DIR)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip wheel --no-build-isolation --no-deps -w $(WHEEL_DIR)/raw \
+	  -C cmake.define.MHA_PREBUILT_DIR=$(abspath $(BUILD_DIR)) -C build-dir=$(BUILD_DIR)/wheel .
+	PATH=$(abspath $(dir $(PYTHON))):$$PATH $(PYTHON) -m auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/mha-*.whl
+	./scripts/check_wheel.sh $(WHEEL_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

