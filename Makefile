@@ -24,6 +24,8 @@
 #               installs the peers (install_python_deps.sh --bench)
 #   make wheel  a binary wheel in dist/ (manylinux, what it links bundled), installed into a fresh
 #               virtual environment and checked there (scripts/check_wheel.sh)
+#   make test-arm64  cross-builds for 64-bit Arm and runs the core tests under qemu-user
+#               (scripts/test_arm64.sh, docs/arm64.md)
 #   make clean  remove build/
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -35,7 +37,7 @@ SANITIZE_BUILD_DIR ?= build-asan
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: all deps model build peers test test-python python-package test-sanitize fuzz demo bench wheel clean
+.PHONY: all deps model build peers test test-python python-package test-sanitize fuzz demo bench wheel test-arm64 clean
 # Run prerequisites in order (deps before build) even under `make -j`; the parallelism lives
 # inside cmake --build and ctest.
 .NOTPARALLEL:
@@ -133,6 +135,12 @@ wheel: deps build
 	  -C cmake.define.MHA_PREBUILT_DIR=$(abspath $(BUILD_DIR)) -C build-dir=$(BUILD_DIR)/wheel .
 	PATH=$(abspath $(dir $(PYTHON))):$$PATH $(PYTHON) -m auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/mha-*.whl
 	./scripts/check_wheel.sh $(WHEEL_DIR)
+
+# mha cross-built for 64-bit Arm (Debian's cross compiler, the arm64 libraries beside the host's)
+# and its core tests under qemu-user, each Highway target for arm64 pinned (scripts/test_arm64.sh;
+# docs/arm64.md). Not part of `make test`: the emulated tests take about an hour on 2 cores.
+test-arm64: model
+	JOBS=$(JOBS) ./scripts/test_arm64.sh
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -3,16 +3,20 @@
 // operands elsewhere.
 #include "mha/core/bf16_gemm.h"
 
+#include <omp.h>
+
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <libxsmm.h>
-#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -25,6 +29,13 @@ namespace mha::bf16_gemm {
 namespace {
 
 std::atomic<int> forced_limit{static_cast<int>(Path::amx)};
+
+// B[kk][c] of a packed B of ldb columns.
+bfloat16 packed_at(const bfloat16* b, size_t ldb, size_t kk, size_t c) { return b[kk / 2 * 2 * ldb + 2 * c + kk % 2]; }
+
+// ---- The x86 instructions: AVX512_BF16 (through libxsmm) and AMX; on other CPUs none of them
+// (cpu_has_bf16() and cpu_has_amx() false, so path() is float32 and the kernels are never called).
+#if defined(__x86_64__)
 
 // libxsmm's view of the CPU: Cooper Lake ("cpx") and every later x86 target it knows have
 // AVX512_BF16 (an AMD Zen 4 and Intel's Sapphire Rapids report "cpx").
@@ -150,9 +161,6 @@ void multiply_amx(size_t m, size_t n, size_t k, const bfloat16* a, size_t lda, c
   for (size_t r = 0; r < m; ++r) std::memcpy(c + r * ldc, c_pad.data() + r * n16, n * sizeof(float));
 }
 
-// B[kk][c] of a packed B of ldb columns.
-bfloat16 packed_at(const bfloat16* b, size_t ldb, size_t kk, size_t c) { return b[kk / 2 * 2 * ldb + 2 * c + kk % 2]; }
-
 // The row-major product C = A·B is libxsmm's column-major Cᵀ = Bᵀ·Aᵀ: its A is our packed B (n ×
 // k, pairs of k interleaved: the VNNI_A layout), its B our A (k × m, leading dimension lda). The
 // JIT kernels take an even depth and read A's rows in pairs from the row start, which needs an
@@ -170,6 +178,20 @@ bool multiply_vdpbf16ps(size_t m, size_t n, size_t k, const bfloat16* a, size_t 
   kernel(reinterpret_cast<const libxsmm_bfloat16*>(b), reinterpret_cast<const libxsmm_bfloat16*>(a), c);
   return true;
 }
+
+#else
+
+bool cpu_has_bf16() { return false; }
+bool cpu_has_amx() { return false; }
+void multiply_amx(size_t, size_t, size_t, const bfloat16*, size_t, const bfloat16*, size_t, float*, size_t, bool) {
+  std::abort();  // unreachable: path() is never amx here
+}
+bool multiply_vdpbf16ps(size_t, size_t, size_t, const bfloat16*, size_t, const bfloat16*, size_t, float*, size_t,
+                        bool) {
+  return false;
+}
+
+#endif  // __x86_64__
 
 // The product on bf16 pairs (`p`: AMX or VDPBF16PS): the kernels take an even depth; an odd k's
 // last row of B (whose pair partner lies outside B) is added on its own.
@@ -210,6 +232,7 @@ void multiply_float32(size_t m, size_t n, size_t k, const bfloat16* a, size_t ld
       c[r * ldc + col] = accumulate ? c[r * ldc + col] + c32[r * n_padded + col] : c32[r * n_padded + col];
 }
 
+#if defined(__x86_64__)
 // out = in rounded to bfloat16 by VCVTNEPS2BF16 (to nearest even; a subnormal input becomes 0),
 // compiled for AVX512_BF16 by a function attribute and called only where the CPU has it: one
 // instruction per 16 floats where convert()'s integer rounding takes nine (5 % of the bfloat16
@@ -244,6 +267,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void split_nativ
     _mm256_mask_storeu_epi16(lo + i, mask, (__m256i)_mm512_cvtneps_pbh(rest));
   }
 }
+
+#else
+void round_native(const float*, bfloat16*, size_t) { std::abort(); }             // unreachable: native() is false
+void split_native(const float*, size_t, bfloat16*, bfloat16*) { std::abort(); }  // unreachable: native() is false
+#endif  // __x86_64__
 
 // x (float16) split into thread-local hi and lo of n each.
 struct SplitRow {

@@ -21,8 +21,10 @@ struct CoreType {
 };
 
 CoreType core_type_for_this_cpu() {
+#if !defined(__x86_64__)
+  return {nullptr, false};  // the core types below are x86's: elsewhere OpenBLAS's own choice stands
+#else
   int level = 0;  // 0: none known, 1: SSE4, 2: AVX2 + FMA, 3: AVX-512
-#if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
@@ -31,7 +33,6 @@ CoreType core_type_for_this_cpu() {
     level = 2;
   else if (__builtin_cpu_supports("sse4.2"))
     level = 1;
-#endif
   const std::string ceiling = simd_target_ceiling();
   static const char* const names[] = {nullptr, "Nehalem", "Haswell", "SkylakeX"};
   int capped = level;
@@ -39,6 +40,7 @@ CoreType core_type_for_this_cpu() {
   if (ceiling == "SSE4") capped = std::min(level, 1);
   if (ceiling == "SSSE3" || ceiling == "SCALAR" || ceiling == "EMU128") return {"Core2", true};
   return {names[capped], capped < level};
+#endif
 }
 
 void choose_once() {

@@ -111,6 +111,12 @@ void gelu_erf_forward_serial(const float* x, float* y, int64_t n) { HWY_DYNAMIC_
 
 HWY_EXPORT(GeluOfBfloat16s);
 
+// (Dispatched from here, the kernels' namespace: with one target compiled, as on 64-bit Arm,
+// HWY_DYNAMIC_DISPATCH names the target's namespace relative to the caller's.)
+void gelu_of_bfloat16s(const float* table, const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluOfBfloat16s)(table, x, y, n);
+}
+
 }  // namespace mha::nn::detail
 
 namespace mha::nn {
@@ -137,7 +143,7 @@ static const float* gelu_bfloat16_table() {
 
 void gelu_for_bfloat16(const float* x, float* y, int64_t n) {
   const float* table = gelu_bfloat16_table();
-  HWY_DYNAMIC_DISPATCH(detail::GeluOfBfloat16s)(table, x, y, n);
+  detail::gelu_of_bfloat16s(table, x, y, n);
 }
 
 }  // namespace mha::nn::detail

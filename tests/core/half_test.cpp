@@ -67,7 +67,7 @@ TEST(Float16, HandDerivedValues) {
 TEST(Float16, ToFloatMatchesTheCompilersFloat16) {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const float16 x{static_cast<uint16_t>(bits)};
-    _Float16 h;
+    mha::detail::CompilerFloat16 h;
     std::memcpy(&h, &x.bits, sizeof h);
     ASSERT_EQ(bits_of(to_float(x)), bits_of(static_cast<float>(h))) << std::hex << bits;
   }

@@ -85,8 +85,18 @@ inline float to_float(float16 x) {
   return std::bit_cast<float>(bits);
 }
 
+namespace detail {
+// The compiler's IEEE half type, whose conversion from float rounds to nearest even (F16C, or
+// Arm's FCVT): GCC 12 has _Float16 in C++ on x86 only, and on 64-bit Arm __fp16 (IEEE format).
+#if defined(__aarch64__)
+using CompilerFloat16 = __fp16;
+#else
+using CompilerFloat16 = _Float16;
+#endif
+}  // namespace detail
+
 inline float16 to_float16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
+  const auto h = static_cast<detail::CompilerFloat16>(f);
   float16 x;
   std::memcpy(&x.bits, &h, sizeof h);
   return x;

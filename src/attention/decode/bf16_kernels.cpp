@@ -3,17 +3,19 @@
 // which writes the other kernels, cannot emit it: its bf16 dot product arrived in Highway 1.2.)
 #include "attention/decode/bf16_kernels.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "mha/core/bf16_gemm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 // GCC 12's avx512fintrin.h builds its unpack and extract intrinsics on an "undefined" vector that
 // its own (maybe-)uninitialized warnings then report where they are inlined: a false positive of
 // the header, silenced for this file's functions.
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -100,7 +102,14 @@ MHA_BF16_TARGET void qk_rows(const bfloat16* q, size_t qs, const bfloat16* k, si
 
 }  // namespace
 
+}  // namespace mha::attention::detail::decode
+#endif  // __x86_64__
+
+namespace mha::attention::detail::decode {
+
 bool bf16_scores() { return bf16_gemm::path() == bf16_gemm::Path::vdpbf16ps; }
+
+#if defined(__x86_64__)
 
 void qk_scores_bf16(const bfloat16* q, size_t q_stride, size_t rows, const bfloat16* k, size_t k_stride, size_t cols,
                     size_t dim, float* scores, size_t score_stride, const bfloat16* next, size_t next_stride) {
@@ -117,8 +126,15 @@ void qk_scores_bf16(const bfloat16* q, size_t q_stride, size_t rows, const bfloa
   }
 }
 
+#else
+void qk_scores_bf16(const bfloat16*, size_t, size_t, const bfloat16*, size_t, size_t, size_t, float*, size_t,
+                    const bfloat16*, size_t) {
+  std::abort();  // unreachable: bf16_scores() is false on a CPU without VDPBF16PS
+}
+#endif  // __x86_64__
+
 }  // namespace mha::attention::detail::decode
 
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif

@@ -4,8 +4,10 @@
 // read bandwidth measured here by a large parallel sum. Each step reads another copy of the cache
 // (as each layer of a model reads its own), enough copies to fill 512 MiB, so that the last
 // level cache does not hold the cache between steps.
-#include <immintrin.h>
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -42,6 +44,7 @@ uint64_t sum_block(const uint64_t* data, int64_t count) {
   for (uint64_t a : acc) sum += a;
   return sum;
 }
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) uint64_t sum_block_avx512(const uint64_t* data, int64_t count) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < count; i += 32) {
@@ -57,6 +60,7 @@ __attribute__((target("avx512f"))) uint64_t sum_block_avx512(const uint64_t* dat
   for (uint64_t lane : lanes) sum += lane;
   return sum;
 }
+#endif
 
 class ReadBandwidth {
  public:
@@ -66,11 +70,16 @@ class ReadBandwidth {
   }
   static constexpr int64_t bytes = int64_t{1} << 30;
   void read() {
-    const bool wide = __builtin_cpu_supports("avx512f");
     uint64_t sum = 0;
+#if defined(__x86_64__)
+    const bool wide = __builtin_cpu_supports("avx512f");
 #pragma omp parallel for schedule(static) reduction(+ : sum)
     for (int64_t b = 0; b < kCount; b += kBlock)
       sum += wide ? sum_block_avx512(data_.get() + b, kBlock) : sum_block(data_.get() + b, kBlock);
+#else
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t b = 0; b < kCount; b += kBlock) sum += sum_block(data_.get() + b, kBlock);
+#endif
     total_ += sum;
     if (total_ == 42) std::printf(" ");  // keep the sum alive
   }
