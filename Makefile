@@ -78,13 +78,16 @@ peers: deps model
 	./scripts/install_python_deps.sh
 	$(PYTHON) scripts/goldens/peers_here.py $(PEERS_DIR)
 
-# The Python package: built by scikit-build-core in build/py-<wheel tag>/ (incremental) and
-# installed into .venv/ without build isolation (install_python_deps.sh makes the environment
+# The Python package: built by scikit-build-core in build/py-<wheel tag>/ (incremental) against
+# `make build`'s libraries (MHA_PREBUILT_DIR, as make wheel: the C++ library is compiled once)
+# and installed into .venv/ without build isolation (install_python_deps.sh makes the environment
 # and installs the build tools, torch and pytest), then tested.
 PYTHON ?= .venv/bin/python
 python-package: deps
+	$(MAKE) build TARGETS="mha mha_models"
 	./scripts/install_python_deps.sh
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --no-build-isolation .
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --no-build-isolation \
+	  -C cmake.define.MHA_PREBUILT_DIR=$(abspath $(BUILD_DIR)) .
 
 test-python: python-package peers
 	$(PYTHON) -m pytest python/tests -q

@@ -32,10 +32,13 @@ packages=(
 )
 
 missing=()
+native=$(dpkg --print-architecture)
 for pkg in "${packages[@]}"; do
-  # dpkg -s also succeeds for removed-but-not-purged packages; require "install ok installed".
-  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-  if ! dpkg -s "$pkg" >/dev/null 2>&1 || [[ "$status" != "install ok installed" ]]; then
+  # Installed means "install ok installed" (dpkg -s also succeeds for removed-but-not-purged
+  # packages) for this machine's architecture or all: with another architecture's copy beside it
+  # (multiarch, as make test-arm64 installs arm64's) dpkg-query prints one line for each.
+  if ! dpkg-query -W -f='${Status} ${Architecture}\n' "$pkg" 2>/dev/null |
+      grep -Eqx "install ok installed ($native|all)"; then
     missing+=("$pkg")
   fi
 done
