@@ -17,7 +17,6 @@
 //   - strided views in place (a (B, L, H, D) layout), and accumulate into given gradients.
 // The accuracy bar against PyTorch's own bfloat16/float16 SDPA is in python/tests (test_half_precision.py).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -493,20 +492,11 @@ TEST(HalfPrecision, EveryCompiledTargetAndThreadCount) {
   }
   Inputs in = make_inputs(c, 803);
   round_inputs<bfloat16>(in);
-  const int threads = omp_get_max_threads();
   for (bf16_gemm::Path path : bf16_gemm::paths()) {
     SCOPED_TRACE(bf16_gemm::name(path));
     const bf16_gemm::ScopedPath pin(path);
-    omp_set_num_threads(1);
-    const Results<bfloat16> one = run<bfloat16>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(2);
-    const Results<bfloat16> two = run<bfloat16>(c, in, Backend::cpu_flash);
-    const Results<float16> two16 = run<float16>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(1);
-    const Results<float16> one16 = run<float16>(c, in, Backend::cpu_flash);
-    omp_set_num_threads(threads);
-    expect_bitwise(one, two);
-    expect_bitwise(one16, two16);
+    expect_bitwise_on_thread_counts([&] { return run<bfloat16>(c, in, Backend::cpu_flash); });
+    expect_bitwise_on_thread_counts([&] { return run<float16>(c, in, Backend::cpu_flash); });
   }
 }
 
