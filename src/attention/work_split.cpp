@@ -14,16 +14,14 @@ WorkSplit share(const std::vector<TaskLoop>& loops, int threads) {
   double work = 0, time = 0;
   for (const TaskLoop& loop : loops) {
     // Every thread starts the loop at once; the thread free first (the lowest, on a tie) takes the
-    // next task, or under a guided schedule the next ⌈tasks left / threads⌉ (libgomp's rule).
+    // next task.
     std::vector<double> free_at(static_cast<size_t>(threads), 0.0);
-    const size_t n = loop.work.size(), T = static_cast<size_t>(threads);
-    for (size_t t0 = 0, t1 = 0; t0 < n; t0 = t1) {
+    for (double task : loop.work) {
       const size_t thread = static_cast<size_t>(std::min_element(free_at.begin(), free_at.end()) - free_at.begin());
-      t1 = loop.guided ? t0 + (n - t0 + T - 1) / T : t0 + 1;
-      free_at[thread] += std::accumulate(loop.work.begin() + static_cast<std::ptrdiff_t>(t0),
-                                         loop.work.begin() + static_cast<std::ptrdiff_t>(t1), 0.0);
-      taken[thread] += static_cast<int64_t>(t1 - t0);
+      free_at[thread] += task;
+      ++taken[thread];
     }
+    const size_t n = loop.work.size();
     work += std::accumulate(loop.work.begin(), loop.work.end(), 0.0);
     time += *std::max_element(free_at.begin(), free_at.end());
     split.tasks += static_cast<int64_t>(n);

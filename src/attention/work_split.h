@@ -10,9 +10,8 @@
 
 namespace mha::attention::detail {
 
-struct TaskLoop {
+struct TaskLoop {  // a schedule(dynamic) loop: a free thread takes the next task
   std::vector<double> work;  // per task, in the loop's order (score elements × products, or keys read)
-  bool guided = false;  // schedule(guided): a free thread takes ⌈tasks left / threads⌉ tasks; else schedule(dynamic): one
 };
 
 // The loops one after another (a barrier between two).

@@ -266,10 +266,9 @@ void forward_on(const Problem& p, const ScoreAdditions<T>& additions, const Forw
       forward_query_block(p, additions, a, packed, scratch, b, h, block.first, block.rows);
     };
     if (!shared_packs) {
-      // Consecutive query blocks share one pack (kPackAhead keys past a block): the guided
-      // schedule hands a thread long runs of them first (the tasks left / the threads), then
-      // shorter ones, down to single tasks at the end, so that the threads finish together.
-#pragma omp for schedule(guided)
+      // One block at a time: a thread packs a kv head's keys (and kPackAhead more) for the first
+      // block it takes of that head and finds them packed for the next ones it takes.
+#pragma omp for schedule(dynamic)
       for (int64_t task = 0; task < tasks; ++task) run_task(task);
     } else {
       const int64_t tasks_per_kv = plan.tasks_per_kv;
@@ -298,7 +297,6 @@ std::vector<TaskLoop> cpu_flash_forward_loops(const Problem& p) {
   const int64_t per_loop = plan.shared_packs ? plan.tasks_per_kv : plan.tasks;
   for (int64_t t0 = 0; per_loop > 0 && t0 < plan.tasks; t0 += per_loop) {
     TaskLoop& loop = loops.emplace_back();
-    loop.guided = false;
     for (int64_t t = t0; t < t0 + per_loop; ++t) loop.work.push_back(work(t));
   }
   return loops;
