@@ -290,15 +290,12 @@ class Backward {
   }
 
  private:
-  int64_t segment_start(int64_t seg) const { return n_.segment_start(seg); }
-  size_t segment_keys(int64_t seg) const { return n_.segment_keys(seg); }
-
   // One task over one segment: pack the kv head's keys and values there, run the task's query
   // blocks, then hand over its dKᵀ, dVᵀ.
   void run_task(Scratch& s, int64_t task, int64_t seg, bool gradients) {
     const int64_t kv = task / n_.chunks.count, chunk = task % n_.chunks.count;  // kv = b·Hkv + kv head
-    const int64_t b = kv / n_.Hkv, s0 = segment_start(seg);
-    const size_t seg_keys = segment_keys(seg);
+    const int64_t b = kv / n_.Hkv, s0 = n_.segment_start(seg);
+    const size_t seg_keys = n_.segment_keys(seg);
     const T* k_seg = a_.key.row(b, kv % n_.Hkv, s0);
     const size_t k_ld = to_size(a_.key.stride_row);
     const T* v_seg = a_.value.row(b, kv % n_.Hkv, s0);
@@ -342,7 +339,7 @@ class Backward {
   // (t0 = j0 − s_begin).
   void pass_a(Scratch& s, int64_t b, int64_t h, int64_t i0, size_t rows, int64_t s0, int64_t s_begin, int64_t s_end,
               double* sum_dot, double* sum_mass) {
-    const size_t ws = n_.walk_stride, seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
+    const size_t ws = n_.walk_stride, seg_keys = n_.segment_keys(s0 / static_cast<int64_t>(n_.segment));
     const size_t ldb = n_.kt_width(seg_keys);  // on pairs: Kᵀ's and Vᵀ's packed width
     for (size_t r = 0; r < rows; ++r) s.visible[r] = p_.visible_keys(b, i0 + static_cast<int64_t>(r));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
@@ -421,7 +418,7 @@ class Backward {
     Products::transposes(a_.query.row(b, h, i0), to_size(a_.query.stride_row), a_.grad_output.row(b, h, i0),
                          to_size(a_.grad_output.stride_row), rows, n_, s);
     std::fill(s.dq.data(), s.dq.data() + rows * n_.dqk_padded, 0.0f);
-    const size_t seg_keys = segment_keys(s0 / static_cast<int64_t>(n_.segment));
+    const size_t seg_keys = n_.segment_keys(s0 / static_cast<int64_t>(n_.segment));
     for (int64_t j0 = s_begin; j0 < s_end; j0 += static_cast<int64_t>(n_.Bc)) {
       const size_t cols = std::min<size_t>(n_.Bc, to_size(s_end - j0)), c0 = to_size(j0 - s0),
                    t0 = to_size(j0 - s_begin);
@@ -473,9 +470,9 @@ class Backward {
   // as the task's accumulators.
   void add_kv_gradients(const float* sum, int64_t kv, int64_t seg) const {
     const float scale = static_cast<float>(p_.scale);
-    const int64_t s0 = segment_start(seg);
+    const int64_t s0 = n_.segment_start(seg);
     std::vector<float> column(n_.Dqk + n_.Dv);  // key j's dK and dV, gathered from the columns
-    for (size_t j = 0; j < segment_keys(seg); ++j) {
+    for (size_t j = 0; j < n_.segment_keys(seg); ++j) {
       T* dk = a_.grad_key.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
       T* dv = a_.grad_value.row(kv / n_.Hkv, kv % n_.Hkv, s0 + static_cast<int64_t>(j));
       for (size_t d = 0; d < n_.Dqk; ++d) column[d] = scale * sum[d * n_.key_stride + j];
@@ -494,7 +491,7 @@ class Backward {
 
   // With chunks: each kv head's parts summed in chunk order into the first chunk's, then added.
   void sum_chunks(int64_t seg) {
-    const size_t seg_keys = segment_keys(seg), stride = n_.key_stride;
+    const size_t seg_keys = n_.segment_keys(seg), stride = n_.key_stride;
 #pragma omp for schedule(static)
     for (int64_t kv = 0; kv < n_.B * n_.Hkv; ++kv) {
       float* sum = kvt_partial_.data() + to_size(kv * n_.chunks.count) * n_.kvt_size;
