@@ -5,6 +5,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/panel_gemm.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 #include <algorithm>
@@ -39,6 +40,7 @@ constexpr size_t kRows = 6, kVectors = 4;
 // Steps of k per pass over C: the B chunk (kDepth × W floats, 32 KiB with AVX-512) stays in
 // L1 while every row strip of A streams past it.
 constexpr size_t kDepth = 128;
+constexpr size_t kPrefetchRows = 128;
 
 size_t PanelWidth() { return kVectors * hn::Lanes(DF()); }
 size_t PanelStep() { return hn::Lanes(DF()); }
@@ -59,6 +61,7 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, size_t lda, const float
     for (size_t v = 0; v < kV; ++v) acc[r][v] = accumulate ? hn::LoadU(d, c + r * ldc + v * N) : hn::Zero(d);
   }
   for (size_t kk = 0; kk < k; ++kk) {
+    hwy::Prefetch(b + (kk + kPrefetchRows) * ldb);
     VF bv[kV];
     HWY_UNROLL(8)
     for (size_t v = 0; v < kV; ++v) bv[v] = hn::LoadU(d, b + kk * ldb + v * N);
@@ -93,16 +96,16 @@ void Gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool ac
   const size_t N = hn::Lanes(DF()), W = PanelWidth();
   const size_t skipped = b.first_column / N;  // vectors of the first panel before B's column 0
   HWY_DASSERT(b.first_column % N == 0 && skipped < kVectors);
-  // k = 0 still has to write C = 0 when not accumulating: one pass with an empty depth.
-  for (size_t k0 = 0; k0 < k || (k0 == 0 && !accumulate); k0 += kDepth) {
-    const size_t depth = std::min(kDepth, k - k0);
-    const bool add = accumulate || k0 > 0;
-    // Panel p holds C's columns from c0 on: (W − first_column) of them for the first, W after.
-    for (size_t p = 0, c0 = 0; c0 < n; c0 += W - (p == 0 ? b.first_column : 0), ++p) {
-      const size_t skip = p == 0 ? skipped : 0;
-      const size_t vectors = std::min(kVectors - skip, (n - c0 + N - 1) / N);
+  // Panel p holds C's columns from c0 on: (W − first_column) of them for the first, W after.
+  for (size_t p = 0, c0 = 0; c0 < n; c0 += W - (p == 0 ? b.first_column : 0), ++p) {
+    const size_t skip = p == 0 ? skipped : 0;
+    const size_t vectors = std::min(kVectors - skip, (n - c0 + N - 1) / N);
+    float* c_panel = c.data + c0;
+    // k = 0 still has to write C = 0 when not accumulating: one pass with an empty depth.
+    for (size_t k0 = 0; k0 < k || (k0 == 0 && !accumulate); k0 += kDepth) {
+      const size_t depth = std::min(kDepth, k - k0);
+      const bool add = accumulate || k0 > 0;
       const float* panel = b.data + p * b.panel_stride + k0 * b.stride + skip * N;
-      float* c_panel = c.data + c0;
       size_t r0 = 0;
       if (vectors == kVectors) {
         for (; r0 + kRows <= m; r0 += kRows)
@@ -114,8 +117,8 @@ void Gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool ac
         kEdgeKernels[rows - 1][vectors - 1](a.data + r0 * a.stride + k0, a.stride, panel, b.stride, depth,
                                             c_panel + r0 * c.stride, c.stride, add);
       }
+      if (k == 0) break;
     }
-    if (k == 0) break;
   }
 }
 
