@@ -447,8 +447,16 @@ PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, con
   Tensor<bfloat16> rounded = Tensor<bfloat16>::uninitialized({out_, in_});
   convert(weight.data(), rounded.data(), static_cast<size_t>(out_ * in_));
   const auto in = static_cast<size_t>(in_), out = static_cast<size_t>(out_);
-  packed_ = Tensor<bfloat16>::uninitialized({static_cast<int64_t>(packed_size(in, out))});
-  if (packed_.numel() > 0) pack_b_transposed(rounded.data(), in, out, in, packed_.data());
+  if (best_of_cpu() != Path::float32) {
+    packed_ = Tensor<bfloat16>::uninitialized({static_cast<int64_t>(packed_size(in, out))});
+    if (packed_.numel() > 0) pack_b_transposed(rounded.data(), in, out, in, packed_.data());
+  }
+  if (!native()) {
+    Tensor<float> widened = Tensor<float>::uninitialized({out_, in_});
+    convert(rounded.data(), widened.data(), static_cast<size_t>(out_ * in_));
+    widened_ = panel_gemm::PackedLinear(widened, bias, what);
+    has_widened_ = true;
+  }
 }
 
 Tensor<bfloat16> PackedLinear::forward(View<const bfloat16> x) const {
@@ -461,6 +469,17 @@ void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilo
   const int64_t m = detail::check_packed_linear_io<bfloat16>(x, y, in_, out_, what_);
   if (m == 0) return;
   const bool bf16_path = native();
+  // The float panels where they were packed for this SIMD target (else, with no pairs to fall back
+  // on, panel_gemm::PackedLinear's error): x widened, y's blocks rounded as they are finished.
+  if (!bf16_path && has_widened_ && (widened_.packed_width() == panel_gemm::panel_width() || packed_.numel() == 0)) {
+    Tensor<float> x32 = Tensor<float>::uninitialized({m, in_}), y32 = Tensor<float>::uninitialized({m, out_});
+    convert(x.data(), x32.data(), static_cast<size_t>(m * in_));
+    widened_.forward(x32, y32, [&](int64_t row, int64_t col, float* values, int64_t count) {
+      if (epilogue) epilogue(row, col, values, count);
+      convert(values, y.data() + row * out_ + col, static_cast<size_t>(count));
+    });
+    return;
+  }
   multiply_blocks(static_cast<size_t>(m), static_cast<size_t>(out_), static_cast<size_t>(in_), x.data(),
                   static_cast<size_t>(in_), packed_.data(), static_cast<size_t>(out_),
                   [&](int64_t row, int64_t col, float* values, int64_t count) {

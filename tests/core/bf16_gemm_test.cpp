@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "mha/core/bf16_gemm.h"
 #include "mha/core/gemm.h"
 #include "mha/core/random.h"
+#include "mha/core/simd.h"
 
 namespace {
 
@@ -335,6 +337,60 @@ TEST(Bf16PackedLinear, ThreadsAndEpilogue) {
       ASSERT_EQ(seen[i], 1) << "element " << i;
       // Doubling commutes with rounding to bfloat16 (no overflow here).
       ASSERT_EQ(mha::to_float(doubled[i]), 2 * mha::to_float(one[i])) << "element " << i;
+    }
+  }
+}
+
+// Where the products run in float the layer keeps its rounded weight widened in float panels
+// (bf16_gemm.h): the same bits as multiply_blocks' float32 path on the pairs, for every target,
+// and, built on one target and run on another, the pairs' path or panel_gemm's error.
+TEST(Bf16PackedLinear, FloatPanelsGiveTheFloat32PathsBits) {
+  mha::Generator gen(33);
+  const int64_t in = 200, out = 130;
+  const Tensor<float> w = uniform_float({out, in}, gen), b = uniform_float({out}, gen);
+  Tensor<bfloat16> rounded({out, in});
+  mha::convert(w.data(), rounded.data(), static_cast<size_t>(out * in));
+  std::vector<bfloat16> pairs(bg::packed_size(in, out));
+  bg::pack_b_transposed(rounded.data(), in, out, in, pairs.data());
+  // y = x·Wᵀ + b on multiply_blocks' float32 path, rounded once.
+  auto expected = [&](const Tensor<bfloat16>& x) {
+    const int64_t m = x.size(0);
+    Tensor<bfloat16> y({m, out});
+    bg::multiply_blocks(m, out, in, x.data(), in, pairs.data(), out,
+                        [&](int64_t row, int64_t col, float* values, int64_t count) {
+                          for (int64_t j = 0; j < count; ++j) values[j] += b[col + j];
+                          mha::convert(values, y.data() + row * out + col, static_cast<size_t>(count));
+                        });
+    return y;
+  };
+  auto expect_bits = [](const Tensor<bfloat16>& y, const Tensor<bfloat16>& want, const std::string& what) {
+    ASSERT_EQ(y.shape(), want.shape()) << what;
+    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y[i].bits, want[i].bits) << what << ", element " << i;
+  };
+  const bg::ScopedFloat32Fallback float32;
+  for (const std::string& target : mha::simd_targets()) {
+    const mha::ScopedSimdTarget pin(target);
+    for (const int64_t m : {int64_t{1}, int64_t{19}, int64_t{70}}) {
+      const Tensor<bfloat16> x = uniform_bf16({m, in}, gen);
+      expect_bits(bg::PackedLinear(w, b).forward(x), expected(x), target + ", m = " + std::to_string(m));
+    }
+  }
+  // Built for one panel width and run on another: the pairs' float32 path where the CPU has the
+  // bf16 instructions (the pairs are kept), else panel_gemm's error naming the change.
+  const std::vector<std::string> targets = mha::simd_targets();
+  for (const char* other : {"SSE4", "SCALAR"}) {
+    if (targets.front() == other || std::find(targets.begin(), targets.end(), other) == targets.end()) continue;
+    std::optional<bg::PackedLinear> linear;
+    {
+      const mha::ScopedSimdTarget pin(targets.front());
+      linear.emplace(w, b);
+    }
+    const mha::ScopedSimdTarget pin(other);
+    const Tensor<bfloat16> x = uniform_bf16({5, in}, gen);
+    try {
+      expect_bits(linear->forward(x), expected(x), std::string("built for ") + targets.front() + ", run on " + other);
+    } catch (const mha::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pack it again after pinning a target"), std::string::npos) << e.what();
     }
   }
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "mha/core/half.h"
+#include "mha/core/panel_gemm.h"
 #include "mha/core/tensor.h"
 #include "mha/core/view.h"
 
@@ -114,6 +115,13 @@ class ScopedFloat32Fallback : public ScopedPath {
 // tile, the bias added, handed to the epilogue, then rounded once to y: with no epilogue, y is
 // the product of the bfloat16 operands summed in float, rounded once (where the products run on
 // the bf16 instructions, by VCVTNEPS2BF16, which rounds a subnormal to 0).
+// Where the products run in float (a CPU without the bf16 instructions, or a pinned target below
+// AVX3 when the layer is built) the rounded weight is also kept widened, as float panels
+// (panel_gemm::PackedLinear): multiply's float32 path would widen and pack it again on every call,
+// which made the bfloat16 sentence encoder slower than the float32 one. The results are the same
+// bits either way (the same products, summed in the same order). Then the pairs are kept only if
+// the CPU has the bf16 instructions (a later pin may select them); without them the layer holds
+// the float weight alone, as the float32 layer does.
 class PackedLinear {
  public:
   PackedLinear() = default;
@@ -137,8 +145,10 @@ class PackedLinear {
 
  private:
   int64_t in_ = 0, out_ = 0;
-  Tensor<bfloat16> packed_;  // Wᵀ in pairs: packed_size(in, out)
-  Tensor<float> bias_;       // (out) or undefined
+  Tensor<bfloat16> packed_;             // Wᵀ in pairs: packed_size(in, out), where the CPU has bf16
+  panel_gemm::PackedLinear widened_;    // the rounded W in float panels, bias included (see above)
+  bool has_widened_ = false;
+  Tensor<float> bias_;                  // (out) or undefined
   std::string what_;
 };
 

@@ -87,6 +87,8 @@ class PackedLinear {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  // panel_width() when packed: forward needs the SIMD target's panels to be this wide.
+  size_t packed_width() const { return width_; }
 
   // Called for each row of each block of y that a thread has finished: `values` are y[row][col,
   // col + count) in float, the bias added, before they are stored; it may rewrite them (an
