@@ -125,13 +125,22 @@ void Gemm(size_t m, size_t n, size_t k, MatrixA a, PanelsB b, MatrixC c, bool ac
 // ------------------------------------------------------------------------------------------
 // Packers (O(rows·cols) copies, done once per head: plain loops suffice).
 
+// A whole panel's row is copied as vectors (a memcpy call per row of 16 floats had taken 4% of
+// an AVX2 forward at L = 512, causal); a ragged last panel's, then zeros.
 void PackRows(const float* x, size_t ld, size_t k, size_t n, float* dst) {
-  const size_t W = PanelWidth();
+  const DF d;
+  const size_t W = PanelWidth(), N = hn::Lanes(d);
   for (size_t p = 0; p * W < n; ++p) {
     const size_t width = std::min(W, n - p * W);
     float* panel = dst + p * k * W;
+    const float* columns = x + p * W;
+    if (width == W) {
+      for (size_t kk = 0; kk < k; ++kk)
+        for (size_t c = 0; c < W; c += N) hn::StoreU(hn::LoadU(d, columns + kk * ld + c), d, panel + kk * W + c);
+      continue;
+    }
     for (size_t kk = 0; kk < k; ++kk) {
-      std::memcpy(panel + kk * W, x + kk * ld + p * W, width * sizeof(float));
+      std::copy_n(columns + kk * ld, width, panel + kk * W);
       std::fill(panel + kk * W + width, panel + (kk + 1) * W, 0.0f);
     }
   }
