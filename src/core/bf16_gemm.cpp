@@ -37,11 +37,23 @@ bfloat16 packed_at(const bfloat16* b, size_t ldb, size_t kk, size_t c) { return 
 // (cpu_has_bf16() and cpu_has_amx() false, so path() is float32 and the kernels are never called).
 #if defined(__x86_64__)
 
+// libxsmm_init without its mark on the environment: libxsmm 1.17 puts OMP_PROC_BIND=TRUE there
+// when no affinity variable is set, and an OpenMP runtime loaded after that binds the thread that
+// loads it to one core, and so every thread started from it later (found in `make bench`: once a
+// bfloat16 layer had asked for the CPU's path, importing sentence-transformers loaded
+// scikit-learn's libgomp, which pinned the process to core 0, and the next 2-thread runs of mha and
+// PyTorch slowed by 50-100x). The variable is removed again unless someone else had set one.
+void init_libxsmm() {
+  const bool unset = !std::getenv("OMP_PROC_BIND") && !std::getenv("KMP_AFFINITY") && !std::getenv("GOMP_CPU_AFFINITY");
+  libxsmm_init();
+  if (unset) unsetenv("OMP_PROC_BIND");
+}
+
 // libxsmm's view of the CPU: Cooper Lake ("cpx") and every later x86 target it knows have
 // AVX512_BF16 (an AMD Zen 4 and Intel's Sapphire Rapids report "cpx").
 bool cpu_has_bf16() {
   static const bool has = [] {
-    libxsmm_init();
+    init_libxsmm();
     return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX;
   }();
   return has;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -392,6 +393,20 @@ TEST(Bf16PackedLinear, FloatPanelsGiveTheFloat32PathsBits) {
     } catch (const mha::Error& e) {
       EXPECT_NE(std::string(e.what()).find("pack it again after pinning a target"), std::string::npos) << e.what();
     }
+  }
+}
+
+// Asking for the CPU's path (libxsmm_init inside) and multiplying leave no OMP_PROC_BIND behind
+// (libxsmm 1.17 sets it; an OpenMP runtime loaded later would then bind its threads to one core).
+TEST(Bf16PackedLinear, LeavesTheEnvironmentAsItWas) {
+  if (std::getenv("OMP_PROC_BIND") || std::getenv("KMP_AFFINITY") || std::getenv("GOMP_CPU_AFFINITY"))
+    GTEST_SKIP() << "an affinity variable is set in this environment";
+  mha::Generator gen(34);
+  const Tensor<float> w = uniform_float({40, 24}, gen);
+  for (bg::Path path : bg::paths()) {
+    const bg::ScopedPath pin(path);
+    bg::PackedLinear(w, {}).forward(uniform_bf16({3, 24}, gen));
+    EXPECT_EQ(std::getenv("OMP_PROC_BIND"), nullptr) << bg::name(path);
   }
 }
 
