@@ -62,12 +62,16 @@ namespace {
 // be too few tasks for a few cores: into kFewestTasks / pairs chunks for fewer than kFewestTasks
 // pairs; and with long keys, whose segments are loops of their own (a barrier after each), into
 // up to kTasks / pairs chunks (one task per thread up to 128 threads) of kItemsPerChunk items or
-// more, a power of two (thread counts mostly are). The items are dealt to the chunks back and
-// forth (0, 1, …, K − 1, then K − 1, …, 0, …), so that a causal call's chunks, whose items' work
-// grows along each head, get nearly the same work.
+// more, a power of two (thread counts mostly are), as long as all their partials together stay
+// within kPartialBytes: the long-key path exists to bound the extra memory (blocks.h: under 64 MiB
+// at L = S = 65536, d = 64, where each partial is 2.1 MB: 16 chunks, about 48 MiB in all; 128
+// chunks had taken it to 275 MiB). The items are dealt to the chunks back and forth (0, 1, …,
+// K − 1, then K − 1, …, 0, …), so that a causal call's chunks, whose items' work grows along each
+// head, get nearly the same work.
 constexpr int64_t kFewestTasks = 8;
 constexpr int64_t kTasks = 128;
 constexpr int64_t kItemsPerChunk = 5;
+constexpr size_t kPartialBytes = size_t{40} << 20;
 
 struct Chunks {
   int64_t count = 0;  // chunks per (b, kv head)
@@ -76,13 +80,15 @@ struct Chunks {
   int64_t item(int64_t c, int64_t r) const { return r * count + (r % 2 == 0 ? c : count - 1 - c); }
 };
 
-Chunks split_items(int64_t kv_pairs, int64_t items, bool long_keys) {
+// `partial_floats`: the size of one chunk's partial dKᵀ, dVᵀ.
+Chunks split_items(int64_t kv_pairs, int64_t items, bool long_keys, size_t partial_floats) {
   if (items == 0) return {};
   auto per_pair = [&](int64_t tasks) { return (tasks + kv_pairs - 1) / kv_pairs; };
   int64_t wanted = std::min(per_pair(kFewestTasks), items);
   if (long_keys) {
+    const auto affordable = static_cast<int64_t>(kPartialBytes / (sizeof(float) * partial_floats)) / kv_pairs;
     int64_t many = 1;
-    while (2 * many <= std::min(per_pair(kTasks), items / kItemsPerChunk)) many *= 2;
+    while (2 * many <= std::min({per_pair(kTasks), items / kItemsPerChunk, affordable})) many *= 2;
     wanted = std::max(wanted, many);
   }
   return {wanted, items};
@@ -183,7 +189,7 @@ struct Plan {
         key_stride(segment_padded + 16),
         blocks(p, static_cast<int64_t>(Br)), query_blocks(blocks.count()),
         walk_stride(std::min(segment_padded, widest_walk(p, B, blocks, W)) + 16),
-        chunks(split_items(B * (p.whole().heads / G), G * query_blocks, two_sweeps)),
+        chunks(split_items(B * (p.whole().heads / G), G * query_blocks, two_sweeps, (Dqk + Dv) * key_stride)),
         tasks(B * Hkv * chunks.count),
         kvt_size((Dqk + Dv) * key_stride),
         partial(p.partial_keys()), banded(narrow_window(p)), pairs(pairs || split), split(split),

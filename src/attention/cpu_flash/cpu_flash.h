@@ -12,8 +12,8 @@
 // dK, dV (at most 8 copies of their size). Past kLongKeys keys (blocks.h) the forward shares one
 // packed kv head and the backward works on key segments, so S no longer multiplies the per-thread
 // and per-chunk parts; there a backward cuts its queries into up to 128 chunks (tasks for 128
-// threads), whose partials are at most 128 segments' dK, dV: 128 × 4096 × (Dqk + Dv) floats
-// (L = S = 65536, d = 64: 256 MiB). L×S only when the weights are asked for. Results are bitwise
+// threads) as long as their partials, one segment's dK, dV each (4096 × (Dqk + Dv) floats), stay
+// within 40 MiB (L = S = 65536, d = 64: 16 chunks). L×S only when the weights are asked for. Results are bitwise
 // the same for any number of threads (backward.cpp's split_items, work_split.h).
 // The SIMD code is chosen at run time among the targets the CPU supports (Highway dynamic
 // dispatch: AVX-512, AVX2, SSE4, ... or portable scalar code); mha::pin_simd_target
