@@ -467,7 +467,6 @@ PackedLinear::PackedLinear(View<const float> weight, View<const float> bias, con
     Tensor<float> widened = Tensor<float>::uninitialized({out_, in_});
     convert(rounded.data(), widened.data(), static_cast<size_t>(out_ * in_));
     widened_ = panel_gemm::PackedLinear(widened, bias, what);
-    has_widened_ = true;
   }
 }
 
@@ -483,7 +482,8 @@ void PackedLinear::forward(View<const bfloat16> x, View<bfloat16> y, const Epilo
   const bool bf16_path = native();
   // The float panels where they were packed for this SIMD target (else, with no pairs to fall back
   // on, panel_gemm::PackedLinear's error): x widened, y's blocks rounded as they are finished.
-  if (!bf16_path && has_widened_ && (widened_.packed_width() == panel_gemm::panel_width() || packed_.numel() == 0)) {
+  const bool widened = widened_.packed_width() != 0;
+  if (!bf16_path && widened && (widened_.packed_width() == panel_gemm::panel_width() || packed_.numel() == 0)) {
     Tensor<float> x32 = Tensor<float>::uninitialized({m, in_}), y32 = Tensor<float>::uninitialized({m, out_});
     convert(x.data(), x32.data(), static_cast<size_t>(m * in_));
     widened_.forward(x32, y32, [&](int64_t row, int64_t col, float* values, int64_t count) {

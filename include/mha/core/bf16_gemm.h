@@ -146,8 +146,8 @@ class PackedLinear {
  private:
   int64_t in_ = 0, out_ = 0;
   Tensor<bfloat16> packed_;             // Wᵀ in pairs: packed_size(in, out), where the CPU has bf16
-  panel_gemm::PackedLinear widened_;    // the rounded W in float panels, bias included (see above)
-  bool has_widened_ = false;
+  panel_gemm::PackedLinear widened_;    // the rounded W in float panels, bias included (see above;
+                                        // packed_width() 0: not kept)
   Tensor<float> bias_;                  // (out) or undefined
   std::string what_;
 };
