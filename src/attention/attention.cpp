@@ -34,19 +34,15 @@ using detail::Rows;
 using detail::rows_of;
 using detail::ScoreAdditions;
 
-// The largest number of query rows (per head) the automatic choice sends to the decode backend;
-// past it cpu_flash's tiles of 96 query rows are the better use of the keys read.
-constexpr int64_t kDecodeRows = 16;
-
 // The backend that runs the forward: `automatic` is decode for float, bfloat16 and float16 with at
-// most kDecodeRows query rows and no weights asked for, cpu_flash for their other calls, reference
+// most detail::kDecodeRows query rows and no weights asked for, cpu_flash for their other calls, reference
 // for double (the double path exists for checking, where the plain definition is what is wanted).
 template <class T>
 Backend resolve_backend(Backend requested, const Problem& p, bool need_weights) {
   constexpr bool fused = !std::is_same_v<T, double>;
   if (requested == Backend::automatic) {
     if (!fused) return Backend::reference;
-    return p.query_len <= kDecodeRows && !need_weights && !p.packed.present() ? Backend::decode : Backend::cpu_flash;
+    return p.query_len <= detail::kDecodeRows && !need_weights && !p.packed.present() ? Backend::decode : Backend::cpu_flash;
   }
   check(requested != Backend::decode || !p.packed.present(),
         "options.backend: decode does not take packed sequences (cu_seqlens): use cpu_flash or automatic");
@@ -239,7 +235,7 @@ void backward(View<const T> query, View<const T> key, View<const T> value, View<
         output_again = Tensor<T>({p.batch, p.query_heads, p.query_len, p.v_head_dim});
         logsumexp_again = Tensor<double>({p.batch, p.query_heads, p.query_len});
         detail::ForwardArgs<T> f{a.sinks, a.query, a.key, a.value, rows_of(View<T>(output_again), "output", ""),
-                                 lse_rows_of(View<double>(logsumexp_again)), {}};
+                                 lse_rows_of(View<double>(logsumexp_again)), {}, {}, {}};
         detail::cpu_flash_forward(p, additions, f);
         a.logsumexp = lse_rows_of(View<const double>(logsumexp_again));
         return detail::cpu_flash_backward(p, additions, a);

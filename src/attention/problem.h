@@ -29,13 +29,25 @@ struct BroadcastView {
 // A (B, H, N, D) operand as the backends read or write it: rows of D contiguous elements at any
 // batch, head and row strides (sdpa_forward_into / sdpa_backward_into checked the view).
 // logsumexp (B, H, N) is one too, with D = 1.
+// Paged (a paged KV cache's keys, values or int8 scales: attention.h, PagedKv): row i of sequence b
+// is row i % page_size of page pages[b · pages_stride + i / page_size], stride_b being a page's
+// stride; a decode block or a gather reads at most run(i) rows from row i at stride_row.
 template <class T>
 struct Rows {
   T* data = nullptr;
   int64_t stride_b = 0, stride_h = 0, stride_row = 0;
+  const int32_t* pages = nullptr;
+  int64_t pages_stride = 0, page_size = 0;
 
   bool present() const { return data != nullptr; }
-  T* row(int64_t b, int64_t h, int64_t i) const { return data + b * stride_b + h * stride_h + i * stride_row; }
+  T* row(int64_t b, int64_t h, int64_t i) const {
+    if (pages)
+      return data + static_cast<int64_t>(pages[b * pages_stride + i / page_size]) * stride_b + h * stride_h +
+             (i % page_size) * stride_row;
+    return data + b * stride_b + h * stride_h + i * stride_row;
+  }
+  // The rows from row i on that lie at stride_row from row(b, h, i): to the end of i's page.
+  int64_t run(int64_t i) const { return pages ? page_size - i % page_size : std::numeric_limits<int64_t>::max(); }
 };
 
 // Per-sequence lengths (Options::query_lengths, key_lengths) and starts (key_starts): element b of
@@ -223,7 +235,8 @@ struct Sinks {
 // cpu_flash also every element of output, which the reference adds into (it starts at 0 there).
 // The weights start at 0 (cpu_flash leaves the keys causality hides unwritten); absent unless
 // the call asked for them. Keys and values may be stored in another type than the queries
-// (Kv: bfloat16 or float16 in a KV cache, read by the decode and cpu_flash backends).
+// (Kv: bfloat16 or float16 in a KV cache, read by the decode and cpu_flash backends; int8_t with
+// a scale per row, read by decode).
 template <class T, class Kv = T>
 struct ForwardArgs {
   Sinks<T> sinks;
@@ -232,6 +245,9 @@ struct ForwardArgs {
   Rows<T> output;
   Rows<double> logsumexp;
   Rows<T> weights;
+  // int8 keys and values (Kv = int8_t, decode only): the float scale of each row, key (b, h, j)
+  // standing for key_scales(b, h, j) · key(b, h, j) (rows of one number).
+  Rows<const float> key_scales, value_scales;
 };
 
 // What a backend's backward reads and writes; the gradients are zero when the backend starts.

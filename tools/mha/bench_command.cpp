@@ -30,6 +30,11 @@ void add_bench_command(CLI::App& app) {
                 "decode steps against a KV cache (float32 and bfloat16) beside the machine's read bandwidth, "
                 "instead of the attention and module shapes")
       ->excludes(gemm);
+  cmd->add_flag("--paged", args->paged,
+                "decode steps against paged bfloat16 and int8 caches beside the contiguous cache and the read "
+                "bandwidth, and a mixed batch of decodes and a prefill chunk in one call, instead")
+      ->excludes(gemm)
+      ->excludes("--decode");
   cmd->add_option("--context-parallel", args->context_parallel,
                   "under mpirun: time context-parallel attention (ring or ulysses) over --lengths instead")
       ->check(CLI::IsMember({"ring", "ulysses"}))
@@ -62,6 +67,7 @@ void add_bench_command(CLI::App& app) {
 #endif
     }
     if (args->gemm) return bench::run_gemm_bench(*args);
+    if (args->paged) return bench::run_paged_bench(*args);
     args->decode ? bench::run_decode_bench(*args) : bench::run_attention_bench(*args);
   });
 }

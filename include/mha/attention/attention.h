@@ -104,4 +104,40 @@ void sdpa_forward_into(View<const float> query, View<const bfloat16> key, View<c
 void sdpa_forward_into(View<const float> query, View<const float16> key, View<const float16> value,
                        const ForwardOutputs<float>& out, const Options<float>& options = {});
 
+// Keys and values in pages (a paged KV cache, mha/nn/paged_kv_cache.h), read where they lie. A page
+// holds P consecutive tokens of one sequence for every kv head:
+//   key_pages (pages, Hkv, P, Dqk)   value_pages (pages, Hkv, P, Dv)
+// views with any strides whose last dimension is contiguous (FlashAttention's (pages, P, Hkv, D)
+// layout is that view with two strides swapped); block_table (N, blocks): token j of sequence s
+// is row j % P of page block_table[s, j / P]. int8 storage (Kv = int8_t) carries a float scale
+// per token and kv head, key_scales and value_scales (pages, Hkv, P), any strides: the token's
+// number x stands for scale·x. The other storages take no scales.
+template <class Kv>
+struct PagedKv {
+  View<const Kv> key_pages, value_pages;
+  View<const int32_t> block_table;
+  View<const float> key_scales, value_scales;
+};
+
+// Attention of N sequences' newest tokens over their paged keys and values: prefill chunks and
+// decode rows of many sequences in one call (FlashAttention's flash_attn_with_kvcache with a
+// block table; vLLM's mixed batches). query (1, Hq, T, Dqk) float holds the sequences' queries
+// back to back, options.cu_seqlens_q (N + 1) says where each starts, options.key_lengths (N) how
+// many tokens each has in the pages, its queries being its last ones (so query i of sequence s, of
+// q_s, is its token key_lengths[s] − q_s + i; with options.causal = bottom_right it sees the
+// tokens up to itself). Writes out.output (1, Hq, T, Dv) and out.logsumexp (1, Hq, T) (any
+// strides, as sdpa_forward_into's). The options a paged call takes: causal (none or
+// bottom_right), scale, window, softcap, chunk_size, sinks and alibi_slopes ((Hq), or (N, Hq):
+// one row per sequence); not masks, dropout, weights, query_lengths, key_starts, cu_seqlens_k
+// or whole_call (mha::Error naming the one given).
+// Backends: automatic runs the sequences of at most 16 queries on decode, all together (tasks of
+// (sequence, kv head, chunk of keys) over the pages, int8 widened in registers), and each longer
+// one (a prefill chunk) on cpu_flash, one kv head at a time over a contiguous copy of that
+// sequence's keys and values (O(S·d) copied against O(L·S·d) work; int8 widened with its scales);
+// decode or cpu_flash send every sequence to that path; reference runs each sequence's copy on
+// the reference.
+template <class Kv>
+void paged_forward_into(View<const float> query, const PagedKv<Kv>& kv, const ForwardOutputs<float>& out,
+                        const Options<float>& options);
+
 }  // namespace mha::attention

@@ -1,4 +1,4 @@
-// Per-target loads of float, bfloat16 and float16 rows as float vectors, for mha's Highway kernels
+// Per-target loads of float, bfloat16, float16 (and int8) rows as float vectors, for mha's Highway kernels
 // (the bulk conversions of src/core/half.cpp, the decode backend's products). Include it from a
 // file that Highway re-includes per target (foreach_target.h), after hwy/highway.h.
 //
@@ -57,6 +57,16 @@ HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const float16* p) {
     for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = to_float(p[i]);
     return hn::Load(d, lanes);
   }
+}
+
+// int8 (a quantized KV cache's numbers, their scale applied by the caller): sign-extended to 32
+// bits and converted, exactly.
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::VFromD<DF> LoadAsFloat(DF d, const int8_t* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToSigned<DF> di32;
+  const hn::Rebind<int8_t, DF> di8;
+  return hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, p)));
 }
 
 // BFloat16Bits(d, v): the Lanes(d) floats of v rounded to bfloat16 as to_bfloat16 does (bits +

@@ -168,5 +168,7 @@ template <>
 constexpr const char* storage_name<bfloat16>() { return "bfloat16"; }
 template <>
 constexpr const char* storage_name<float16>() { return "float16"; }
+template <>
+constexpr const char* storage_name<int8_t>() { return "int8"; }
 
 }  // namespace mha

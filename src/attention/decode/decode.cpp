@@ -158,6 +158,7 @@ struct Scratch {
   Buffer<typename Scores::A> q;    // the group's query rows as the scores' A operand
   Buffer<float> scores, bias, factors;
   Buffer<int64_t> first, end;
+  Buffer<float> key_scales, value_scales;  // int8: a block's scales
   Buffer<double> merged;
   int64_t scaled_for = -1;  // the (b, kv head) whose queries q holds
 
@@ -166,8 +167,14 @@ struct Scratch {
         q(n.R * Scores::a_stride(n)), scores(std::min(n.R, kBlockRows) * kBlockKeys),
         bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
         factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
-        merged(n.Dv) {}
+        key_scales(kBlockKeys), value_scales(kBlockKeys), merged(n.Dv) {}
 };
+
+// tile[r·stride + c] *= factor[c] (r < rows, c < cols).
+void scale_columns(float* tile, size_t stride, size_t rows, const float* factor, size_t cols) {
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) tile[r * stride + c] *= factor[c];
+}
 
 // Task (b, kv head, chunk): the online softmax of the group's R rows over the chunk's keys that
 // sequence b's rows see, left as the task's partials.
@@ -192,31 +199,49 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
 
   const auto [j_begin, j_end] = n.task_keys(p, task);
   const size_t Rb = std::min(n.R, kBlockRows), Bc = kBlockKeys;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += static_cast<int64_t>(Bc)) {
-    const size_t cols = std::min<size_t>(Bc, to_size(j_end - j0));
+  constexpr bool quantized = std::is_same_v<Kv, int8_t>;
+  // Blocks of Bc keys, cut where a page ends (paged keys and values: a block's rows at one stride).
+  size_t cols = 0;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += static_cast<int64_t>(cols)) {
+    cols = to_size(std::min<int64_t>({static_cast<int64_t>(Bc), j_end - j0, a.key.run(j0)}));
     // Each operand: its rows in place, or the staged copy (float, zero-padded to whole vectors).
     auto operand = [&](const Rows<const Kv>& rows, bool staged, Buffer<float>& block, size_t D, size_t padded) {
       if (staged)
-        for (size_t c = 0; c < cols; ++c) convert(rows.row(b, kv, j0 + static_cast<int64_t>(c)), block.data() + c * padded, D);
+        for (size_t c = 0; c < cols; ++c) {
+          const Kv* row = rows.row(b, kv, j0 + static_cast<int64_t>(c));
+          float* to = block.data() + c * padded;
+          if constexpr (quantized) {
+            std::copy_n(row, D, to);
+          } else {
+            convert(row, to, D);
+          }
+        }
       return staged ? Operand<Kv>{nullptr, block.data(), padded}
                     : Operand<Kv>{rows.row(b, kv, j0), nullptr, to_size(rows.stride_row)};
     };
     const Operand<Kv> k = operand(a.key, Scores::stages_keys(n), s.k_block, n.Dqk, n.dq);
     const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
+    if constexpr (quantized)
+      for (size_t c = 0; c < cols; ++c) {
+        s.key_scales[c] = *a.key_scales.row(b, kv, j0 + static_cast<int64_t>(c));
+        s.value_scales[c] = *a.value_scales.row(b, kv, j0 + static_cast<int64_t>(c));
+      }
 
     // The next block's keys (when it has as many, read in place, rows as long as the values'),
     // prefetched by the first row block while it sums this block's values where keys_prefetched():
     // the hardware prefetcher follows the keys only while they are read, and would leave the
     // memory idle.
-    const int64_t next0 = j0 + static_cast<int64_t>(Bc);
-    const bool prefetch_k =
-        keys_prefetched() && next0 + static_cast<int64_t>(cols) <= j_end && k.rows && n.Dqk == n.Dv;
+    const int64_t next0 = j0 + static_cast<int64_t>(cols);
+    const bool prefetch_k = keys_prefetched() && next0 + static_cast<int64_t>(cols) <= j_end &&
+                            a.key.run(next0) >= static_cast<int64_t>(cols) && k.rows && n.Dqk == n.Dv;
     const Kv* next_keys = prefetch_k ? a.key.row(b, kv, next0) : nullptr;
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
       const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
       Scores::scores(n, s.q.data() + r0 * q_stride, rows, k, cols, s.scores.data(), Bc, prefetch_v ? v.rows : nullptr,
                      v.stride);
+      // An int8 key's scale multiplies its scores (scale·q·k8 · ks = scale·q·(ks·k8)).
+      if constexpr (quantized) scale_columns(s.scores.data(), Bc, rows, s.key_scales.data(), cols);
       // Consecutive rows may belong to different query heads.
       const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
                                        s.factors.size() ? s.factors.data() : nullptr, nullptr, s.first.data(),
@@ -225,6 +250,8 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
                                             [&](size_t r) { return n.row(kv, r0 + r); });
       Scores::prepare(t, static_cast<float>(p.scale));
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
+      // And an int8 value's scale its probability, once l has counted it: p·(vs·v8) = (p·vs)·v8.
+      if constexpr (quantized) scale_columns(s.scores.data(), Bc, rows, s.value_scales.data(), cols);
       if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
       } else {
@@ -307,6 +334,7 @@ void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const 
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float>&);
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, bfloat16>&);
 template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, float16>&);
+template void decode_forward(const Problem&, const ScoreAdditions<float>&, const ForwardArgs<float, int8_t>&);
 template void decode_forward(const Problem&, const ScoreAdditions<bfloat16>&, const ForwardArgs<bfloat16, bfloat16>&);
 template void decode_forward(const Problem&, const ScoreAdditions<float16>&, const ForwardArgs<float16, float16>&);
 

@@ -18,8 +18,13 @@
 
 namespace mha::attention::detail {
 
-// T (queries, outputs, masks): float, bfloat16 or float16; Kv: float, or T's own type
-// (mha/core/half.h). Computed in float.
+// The largest number of query rows (per head) the automatic choice sends to the decode backend;
+// past it cpu_flash's tiles of 96 query rows are the better use of the keys read.
+constexpr int64_t kDecodeRows = 16;
+
+// T (queries, outputs, masks): float, bfloat16 or float16; Kv: float, T's own type
+// (mha/core/half.h), or int8 with a float T (a scale per row: ForwardArgs). Computed in float; keys
+// and values may be paged (Rows::pages: a block of keys ends where its page does).
 template <class T, class Kv>
 void decode_forward(const Problem& p, const ScoreAdditions<T>& additions, const ForwardArgs<T, Kv>& a);
 

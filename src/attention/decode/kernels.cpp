@@ -217,6 +217,7 @@ void PVAccumulate(const float* p, size_t p_stride, size_t rows, const Kv* v, siz
 MHA_DECODE_KERNELS(float, F32)
 MHA_DECODE_KERNELS(bfloat16, BF16)
 MHA_DECODE_KERNELS(float16, F16)
+MHA_DECODE_KERNELS(int8_t, I8)
 #undef MHA_DECODE_KERNELS
 
 }  // namespace mha::attention::detail::decode::HWY_NAMESPACE
@@ -231,9 +232,11 @@ HWY_EXPORT(Lanes);
 HWY_EXPORT(QKScoresF32);
 HWY_EXPORT(QKScoresBF16);
 HWY_EXPORT(QKScoresF16);
+HWY_EXPORT(QKScoresI8);
 HWY_EXPORT(PVAccumulateF32);
 HWY_EXPORT(PVAccumulateBF16);
 HWY_EXPORT(PVAccumulateF16);
+HWY_EXPORT(PVAccumulateI8);
 
 size_t lanes() { return HWY_DYNAMIC_DISPATCH(Lanes)(); }
 
@@ -251,6 +254,7 @@ size_t lanes() { return HWY_DYNAMIC_DISPATCH(Lanes)(); }
 MHA_DECODE_DISPATCH(float, F32)
 MHA_DECODE_DISPATCH(bfloat16, BF16)
 MHA_DECODE_DISPATCH(float16, F16)
+MHA_DECODE_DISPATCH(int8_t, I8)
 #undef MHA_DECODE_DISPATCH
 
 }  // namespace mha::attention::detail::decode

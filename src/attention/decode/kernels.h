@@ -5,9 +5,11 @@
 // it); kernels.cpp holds the per-target code.
 //
 // Both take `dim` a multiple of lanes() (decode.cpp pads rows that are not); rows of q and out are
-// `dim` floats, rows of k and v `dim` numbers of Kv (float, bfloat16 or float16, converted to
-// float as they are loaded: mha/core/half-inl.h), each at its own stride.
+// `dim` floats, rows of k and v `dim` numbers of Kv (float, bfloat16, float16 or int8, converted
+// to float as they are loaded: mha/core/half-inl.h; an int8 row's scale is the caller's), each at
+// its own stride.
 #include <cstddef>
+#include <cstdint>
 
 #include "mha/core/half.h"
 
