@@ -9,6 +9,7 @@
 #include "checks.h"
 #include "decode/decode.h"
 #include "mha/attention/attention.h"
+#include "mha/core/int8.h"
 #include "problem.h"
 
 namespace mha::attention {
@@ -18,6 +19,21 @@ using detail::Rows;
 
 // Element i of a (N) view of int64 (cu_seqlens, lengths).
 int64_t at(const View<const int64_t>& v, int64_t i) { return v.data()[i * v.stride(0)]; }
+
+// A query row as the call computes with it: as given, or, against int8 keys and values, rounded
+// to int8 as they are (mha/core/int8.h: its scale times its int8 numbers, in float), so that the
+// decode kernels may multiply int8 by int8 and every path computes the same thing.
+template <class Kv>
+void query_row(const float* x, int64_t n, float* out) {
+  if constexpr (std::is_same_v<Kv, int8_t>) {
+    thread_local std::vector<int8_t> q;
+    q.resize(static_cast<size_t>(n));
+    const float scale = quantize_int8(x, static_cast<size_t>(n), q.data());
+    for (int64_t e = 0; e < n; ++e) out[e] = scale * static_cast<float>(q[static_cast<size_t>(e)]);
+  } else {
+    std::copy_n(x, n, out);
+  }
+}
 
 // A paged call's sizes and sequences, checked.
 struct PagedCall {
@@ -164,8 +180,8 @@ void run_on_decode(const View<const float>& query, const PagedKv<Kv>& kv, const 
       table[b * c.blocks + j] = kv.block_table.data()[s * kv.block_table.stride(0) + j * kv.block_table.stride(1)];
     for (int64_t h = 0; h < c.Hq; ++h) {
       for (int64_t i = 0; i < c.q_len[si]; ++i)
-        std::copy_n(query.data() + h * query.stride(1) + (c.q0[si] + i) * query.stride(2), c.Dqk,
-                    q.data() + ((b * c.Hq + h) * L + i) * c.Dqk);
+        query_row<Kv>(query.data() + h * query.stride(1) + (c.q0[si] + i) * query.stride(2), c.Dqk,
+                      q.data() + ((b * c.Hq + h) * L + i) * c.Dqk);
       if (slope_rows) slopes[b * c.Hq + h] = o.alibi_slopes.data()[s * o.alibi_slopes.stride(0) + h * o.alibi_slopes.stride(1)];
     }
   }
@@ -235,7 +251,15 @@ void run_on_copy(const View<const float>& query, const PagedKv<Kv>& kv, const Fo
     if (o.sinks.defined()) sub.sinks = o.sinks.slice(0, g * G, G);
     if (o.alibi_slopes.dim() == 1) sub.alibi_slopes = o.alibi_slopes.slice(0, g * G, G);
     if (o.alibi_slopes.dim() == 2) sub.alibi_slopes = o.alibi_slopes.slice(0, s, 1).slice(1, g * G, G);
-    const View<const float> q = query.slice(1, g * G, G).slice(2, c.q0[si], Lq);
+    View<const float> q = query.slice(1, g * G, G).slice(2, c.q0[si], Lq);
+    Tensor<float> rounded;  // int8: the rows rounded (query_row)
+    if constexpr (std::is_same_v<Kv, int8_t>) {
+      rounded = Tensor<float>({1, G, Lq, c.Dqk});
+      for (int64_t h = 0; h < G; ++h)
+        for (int64_t i = 0; i < Lq; ++i)
+          query_row<Kv>(q.data() + h * q.stride(1) + i * q.stride(2), c.Dqk, rounded.data() + (h * Lq + i) * c.Dqk);
+      q = rounded;
+    }
     sdpa_forward_into(q, View<const Copy>(keys), View<const Copy>(values),
                       {out.output.slice(1, g * G, G).slice(2, c.q0[si], Lq),
                        out.logsumexp.slice(1, g * G, G).slice(2, c.q0[si], Lq), {}},

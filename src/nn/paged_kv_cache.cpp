@@ -5,40 +5,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
 #include <type_traits>
 
 #include "mha/core/error.h"
+#include "mha/core/int8.h"
 
 namespace mha::nn {
 namespace {
 
 constexpr bool fits_int32(int64_t x) { return x <= std::numeric_limits<int32_t>::max(); }
-
-// Row x (D numbers) as int8: scale = max|x|/127, each number round(x/scale) (nearest, in double),
-// so that |x − scale·q| <= scale/2; all zero with scale 0 for a zero row; scale NaN for a row
-// holding a NaN or an infinity.
-float quantize_row(const float* x, int64_t D, int8_t* q) {
-  float amax = 0;
-  bool finite = true;
-  for (int64_t e = 0; e < D; ++e) {
-    finite = finite && std::isfinite(x[e]);
-    amax = std::max(amax, std::abs(x[e]));
-  }
-  if (!finite) {
-    std::fill_n(q, D, int8_t{0});
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float scale = amax / 127.0f;
-  for (int64_t e = 0; e < D; ++e) {
-    const double r = scale > 0 ? std::nearbyint(static_cast<double>(x[e]) / scale) : 0.0;
-    q[e] = static_cast<int8_t>(std::clamp(r, -127.0, 127.0));
-  }
-  return scale;
-}
 
 }  // namespace
 
@@ -267,7 +245,7 @@ void PagedKVCache<Kv>::write(int64_t layer, std::span<const int64_t> seqs, View<
           const float* x = src.data() + h * src.stride(1) + from * src.stride(2);
           Kv* dst = to.page(page) + row * D;
           if constexpr (std::is_same_v<Kv, int8_t>) {
-            scales[l].page(page)[row] = quantize_row(x, D, dst);
+            scales[l].page(page)[row] = quantize_int8(x, static_cast<size_t>(D), dst);
           } else {
             convert(x, dst, static_cast<size_t>(D));
           }

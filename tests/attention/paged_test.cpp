@@ -1,6 +1,7 @@
 // paged_forward_into against the reference, under the FlashAttention rule (as decode_test): for
 // each sequence, the reference in float and in double on that sequence's keys and values copied
-// out of the pages (int8: scale·x, exactly in double), and
+// out of the pages (int8: scale·x, exactly in double, and the queries rounded to int8 as the call
+// rounds them against int8 pages), and
 //   max|paged − ref64| <= 2·max|ref32 − ref64| + 1e-6
 // over the whole call's output and logsumexp. The pools hold the pages in shuffled order, with
 // random numbers in every slot no sequence owns (a read past a sequence's tokens shows), in
@@ -165,9 +166,19 @@ std::pair<Tensor<F>, Tensor<double>> reference(const PagedCase& c, const Built<K
     const int64_t q0 = b.cu[static_cast<int64_t>(s)];
     Tensor<F> query({1, c.Hq, q, c.Dqk});
     for (int64_t h = 0; h < c.Hq; ++h)
-      for (int64_t i = 0; i < q; ++i)
+      for (int64_t i = 0; i < q; ++i) {
+        const float* row = b.query.data() + (h * T + q0 + i) * c.Dqk;
+        // Against int8 pages each query row is rounded as the keys are (attention.h): scale =
+        // max|q|/127 in float, q8 = round(q/scale) in double, and the row is scale·q8 (exact in double).
+        float amax = 0;
+        for (int64_t e = 0; e < c.Dqk; ++e) amax = std::max(amax, std::abs(row[e]));
+        const float scale = amax / 127.0f;
         for (int64_t e = 0; e < c.Dqk; ++e)
-          query[(h * q + i) * c.Dqk + e] = static_cast<F>(b.query[(h * T + q0 + i) * c.Dqk + e]);
+          query[(h * q + i) * c.Dqk + e] =
+              std::is_same_v<Kv, int8_t>
+                  ? static_cast<F>(static_cast<F>(scale) * static_cast<F>(std::nearbyint(static_cast<double>(row[e]) / scale)))
+                  : static_cast<F>(row[e]);
+      }
     Options<F> o;
     static_cast<Scoring&>(o) = c.scoring;
     o.backend = Backend::reference;

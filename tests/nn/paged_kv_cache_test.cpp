@@ -170,10 +170,12 @@ TEST(PagedKVCache, GrowthIsAllOrNothing) {
 }
 
 // int8: every stored number within scale/2 of what was written (scale = max|x|/127 of its row), and
-// attention's output within the bound derived from that (docs/generation.md): with ε the largest
-// score error, scale·Σ_e |q_e|·(key scale)/2 over the row's keys, and Δ_v the largest value error,
+// attention's output within the bound derived from that (docs/generation.md): the query row is
+// rounded the same way (scale s_q), so a score's error is at most
+//   ε = scale · max_j ( Σ_e |q_e|·s_j/2 + s_q/2·Σ_e |k̂_je| )      (|qk − q̂k̂| <= |q||k − k̂| + |q − q̂||k̂|),
+// and with Δ_v the largest value error,
 //   |out − out_exact| <= (e^{2ε} − 1)·max|v| + Δ_v        per element,
-// out_exact being the float cache's attention on the unquantized numbers; held, and printed beside
+// out_exact being the float cache's attention on the unrounded numbers; held, and printed beside
 // bfloat16's error on the same numbers.
 TEST(PagedKVCache, Int8WithinItsDerivedBounds) {
   std::mt19937 g(13);
@@ -220,12 +222,19 @@ TEST(PagedKVCache, Int8WithinItsDerivedBounds) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   for (int64_t h = 0; h < Hq; ++h) {
     const int64_t kv = h / (Hq / Hkv);
-    double eps = 0, vmax = 0;
+    double eps = 0, vmax = 0, qsum = 0;
+    float qmax = 0;
+    for (int64_t e = 0; e < D; ++e) {
+      qsum += std::abs(q[h * D + e]);
+      qmax = std::max(qmax, std::abs(q[h * D + e]));
+    }
+    const double q_scale = qmax / 127.0f;
     for (int64_t j = 0; j < S; ++j) {
       const int64_t row = (table[j / P] * Hkv + kv) * P + j % P;
-      double qsum = 0;
-      for (int64_t e = 0; e < D; ++e) qsum += std::abs(q[h * D + e]);
-      eps = std::max(eps, scale * qsum * pages.key_scales.data()[row] / 2);
+      const double ks = pages.key_scales.data()[row];
+      double ksum = 0;
+      for (int64_t e = 0; e < D; ++e) ksum += std::abs(ks * pages.key_pages.data()[row * D + e]);
+      eps = std::max(eps, scale * (qsum * ks / 2 + q_scale / 2 * ksum));
       for (int64_t e = 0; e < D; ++e) vmax = std::max(vmax, std::abs(static_cast<double>(v[(kv * S + j) * D + e])));
     }
     const double bound = std::expm1(2 * eps) * vmax + largest_v_error + 1e-6;

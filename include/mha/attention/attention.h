@@ -111,7 +111,10 @@ void sdpa_forward_into(View<const float> query, View<const float16> key, View<co
 // layout is that view with two strides swapped); block_table (N, blocks): token j of sequence s
 // is row j % P of page block_table[s, j / P]. int8 storage (Kv = int8_t) carries a float scale
 // per token and kv head, key_scales and value_scales (pages, Hkv, P), any strides: the token's
-// number x stands for scale·x. The other storages take no scales.
+// number x stands for scale·x (mha/core/int8.h). Against int8 storage each query row is rounded
+// to int8 the same way before it is used, on every path (so that decode multiplies int8 by int8
+// where the CPU has VPDPBUSD, and every CPU computes the same thing). The other storages take no
+// scales.
 template <class Kv>
 struct PagedKv {
   View<const Kv> key_pages, value_pages;

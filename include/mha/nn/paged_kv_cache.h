@@ -13,10 +13,9 @@
 //   cache.release(a);
 //
 // Storage Kv: float, bfloat16, float16, or int8_t: symmetric int8 with a float scale per token
-// and kv head, scale = max|x|/127 over the row's D numbers, x ≈ scale·round(x/scale), so each
-// number is within scale/2 of what was written (docs/generation.md derives what that does to
-// attention's output). A row holding a NaN or an infinity is stored with scale NaN (all of it
-// NaN, as it would make its scores in float).
+// and kv head (mha/core/int8.h: scale = max|x|/127 over the row's D numbers, each number within
+// scale/2 of what was written; a row holding a NaN or an infinity stands for NaNs);
+// docs/generation.md derives what that does to attention's output.
 //
 // Layout: per layer, keys (pages, Hkv, P, Dqk) and values (pages, Hkv, P, Dv), so that a (sequence,
 // kv head) reads P·D contiguous numbers a page (FlashAttention's (pages, P, Hkv, D) would

@@ -6,13 +6,16 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "../tiles/tiles.h"
 #include "bf16_kernels.h"
+#include "int8_kernels.h"
 #include "kernels.h"
 #include "../work_split.h"
 #include "mha/core/bf16_gemm.h"
 #include "mha/core/half.h"
+#include "mha/core/int8.h"
 
 namespace mha::attention::detail {
 namespace {
@@ -103,21 +106,28 @@ struct Operand {
 };
 
 // decode's representations of Q·Kᵀ, one type each (as cpu_flash's products.h): the query rows as
-// the A operand, whether the keys are staged, the scores, and what the tile kernels must do. P·V
-// is the float kernel's in both (the values read in place, or staged, as float).
+// the A operand (load_q returns what the row's scores must still be multiplied by), whether the
+// keys are staged, the scores, and what the tile kernels must do. P·V is the float kernel's in
+// all (the values read in place, or staged, as float).
 //   FloatScores  scale·q in float (the scale folded in once), keys in place when their rows are
 //                whole vectors, else staged as zero-padded floats (qk_scores);
 //   Bf16Scores   bfloat16 queries and keys on the CPU's bf16 instructions (qk_scores_bf16: any row
 //                length, read in place; q unscaled, the kernels scale each score as they read it),
-//                where bf16_scores() says VDPBF16PS is the best of the CPU's bf16 paths.
+//                where bf16_scores() says VDPBF16PS is the best of the CPU's bf16 paths;
+//   Int8Scores   int8 queries (each row rounded as the keys are: mha/core/int8.h) and int8 keys on
+//                the CPU's int8 dot products (qk_scores_int8: exact integer sums, any row length),
+//                each row's scores then multiplied by its scale times the call's, where
+//                int8_scores().
+// An int8 key's own scale multiplies its column in every representation (decode_chunk).
 // with_decode_scores resolves it once per call; a new representation is a type here and its case.
 struct FloatScores {
   using A = float;
   static size_t a_stride(const Plan& n) { return n.dq; }
   static bool stages_keys(const Plan& n) { return n.stage_k; }
   template <class T>
-  static void load_q(const T* q, const Plan& n, float scale, A* dst) {
+  static float load_q(const T* q, const Plan& n, float scale, A* dst) {
     for (size_t e = 0; e < n.Dqk; ++e) dst[e] = scale * widen(q[e]);
+    return 1.0f;
   }
   // The first row block prefetches the values of keys read in place (`prefetch_v`, rows as long).
   template <class Kv>
@@ -135,7 +145,10 @@ struct Bf16Scores {
   using A = bfloat16;
   static size_t a_stride(const Plan& n) { return n.Dqk; }
   static bool stages_keys(const Plan&) { return false; }
-  static void load_q(const bfloat16* q, const Plan& n, float, A* dst) { std::copy_n(q, n.Dqk, dst); }
+  static float load_q(const bfloat16* q, const Plan& n, float, A* dst) {
+    std::copy_n(q, n.Dqk, dst);
+    return 1.0f;
+  }
   static void scores(const Plan& n, const A* q, size_t rows, const Operand<bfloat16>& k, size_t cols, float* out,
                      size_t ld, const bfloat16* prefetch_v, size_t v_stride) {
     decode::qk_scores_bf16(q, n.Dqk, rows, k.rows, k.stride, cols, n.Dqk, out, ld, prefetch_v, v_stride);
@@ -143,10 +156,29 @@ struct Bf16Scores {
   static void prepare(tiles::ScoreTile& t, float scale) { t.scale = scale; }
 };
 
+struct Int8Scores {
+  using A = int8_t;
+  static size_t a_stride(const Plan& n) { return n.Dqk; }
+  static bool stages_keys(const Plan&) { return false; }
+  // The row as int8 (its numbers are already int8 times a scale: paged_forward_into rounded them,
+  // so this gives those numbers back).
+  static float load_q(const float* q, const Plan& n, float scale, A* dst) {
+    return quantize_int8(q, n.Dqk, dst) * scale;
+  }
+  static void scores(const Plan& n, const A* q, size_t rows, const Operand<int8_t>& k, size_t cols, float* out,
+                     size_t ld, const int8_t* prefetch_v, size_t v_stride) {
+    decode::qk_scores_int8(q, n.Dqk, rows, k.rows, k.stride, cols, n.Dqk, out, ld, prefetch_v, v_stride);
+  }
+  static void prepare(tiles::ScoreTile&, float) {}
+};
+
 template <class T, class Kv, class F>
 void with_decode_scores(F&& f) {
   if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<Kv, bfloat16>) {
     if (decode::bf16_scores()) return f(Bf16Scores{});
+  }
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Kv, int8_t>) {
+    if (decode::int8_scores()) return f(Int8Scores{});
   }
   f(FloatScores{});
 }
@@ -158,7 +190,7 @@ struct Scratch {
   Buffer<typename Scores::A> q;    // the group's query rows as the scores' A operand
   Buffer<float> scores, bias, factors;
   Buffer<int64_t> first, end;
-  Buffer<float> key_scales, value_scales;  // int8: a block's scales
+  Buffer<float> row_factors;  // what load_q returned for each query row
   Buffer<double> merged;
   int64_t scaled_for = -1;  // the (b, kv head) whose queries q holds
 
@@ -167,13 +199,29 @@ struct Scratch {
         q(n.R * Scores::a_stride(n)), scores(std::min(n.R, kBlockRows) * kBlockKeys),
         bias(masked ? std::min(n.R, kBlockRows) * kBlockKeys : 0),
         factors(dropout ? std::min(n.R, kBlockRows) * kBlockKeys : 0), first(kBlockRows), end(kBlockRows),
-        key_scales(kBlockKeys), value_scales(kBlockKeys), merged(n.Dv) {}
+        row_factors(n.R), merged(n.Dv) {}
 };
 
-// tile[r·stride + c] *= factor[c] (r < rows, c < cols).
-void scale_columns(float* tile, size_t stride, size_t rows, const float* factor, size_t cols) {
-  for (size_t r = 0; r < rows; ++r)
-    for (size_t c = 0; c < cols; ++c) tile[r * stride + c] *= factor[c];
+// Numbers at a stride: int8 rows' scales.
+struct Strided {
+  const float* data = nullptr;
+  int64_t stride = 0;
+};
+
+// tile[r·stride + c] *= row[r]·column[c] (r < rows, c < cols; row null: 1), row by row.
+void scale_tile(float* tile, size_t stride, size_t rows, const float* row, const Strided& column, size_t cols) {
+  thread_local std::vector<float> factors;
+  const float* f = column.data;
+  if (column.stride != 1) {
+    factors.resize(cols);
+    for (size_t c = 0; c < cols; ++c) factors[c] = column.data[static_cast<int64_t>(c) * column.stride];
+    f = factors.data();
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    float* t = tile + r * stride;
+    const float by = row ? row[r] : 1.0f;
+    for (size_t c = 0; c < cols; ++c) t[c] *= by * f[c];
+  }
 }
 
 // Task (b, kv head, chunk): the online softmax of the group's R rows over the chunk's keys that
@@ -186,7 +234,7 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
   if (bkv != s.scaled_for) {  // the group's query rows, once per (b, kv head)
     for (size_t r = 0; r < n.R; ++r) {
       const auto [h, i] = n.row(kv, r);
-      Scores::load_q(a.query.row(b, h, i), n, static_cast<float>(p.scale), s.q.data() + r * q_stride);
+      s.row_factors[r] = Scores::load_q(a.query.row(b, h, i), n, static_cast<float>(p.scale), s.q.data() + r * q_stride);
     }
     s.scaled_for = bkv;
   }
@@ -221,11 +269,10 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     };
     const Operand<Kv> k = operand(a.key, Scores::stages_keys(n), s.k_block, n.Dqk, n.dq);
     const Operand<Kv> v = operand(a.value, n.stage_v, s.v_block, n.Dv, n.dv);
-    if constexpr (quantized)
-      for (size_t c = 0; c < cols; ++c) {
-        s.key_scales[c] = *a.key_scales.row(b, kv, j0 + static_cast<int64_t>(c));
-        s.value_scales[c] = *a.value_scales.row(b, kv, j0 + static_cast<int64_t>(c));
-      }
+    // int8: the block's scales (in the block's page, as its rows).
+    const Strided key_scales = quantized ? Strided{a.key_scales.row(b, kv, j0), a.key_scales.stride_row} : Strided{},
+                  value_scales =
+                      quantized ? Strided{a.value_scales.row(b, kv, j0), a.value_scales.stride_row} : Strided{};
 
     // The next block's keys (when it has as many, read in place, rows as long as the values'),
     // prefetched by the first row block while it sums this block's values where keys_prefetched():
@@ -240,8 +287,11 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
       Scores::scores(n, s.q.data() + r0 * q_stride, rows, k, cols, s.scores.data(), Bc, prefetch_v ? v.rows : nullptr,
                      v.stride);
-      // An int8 key's scale multiplies its scores (scale·q·k8 · ks = scale·q·(ks·k8)).
-      if constexpr (quantized) scale_columns(s.scores.data(), Bc, rows, s.key_scales.data(), cols);
+      // An int8 key's scale multiplies its scores (scale·q·k8 · ks = scale·q·(ks·k8)), and Int8Scores'
+      // rows their own.
+      if constexpr (quantized)
+        scale_tile(s.scores.data(), Bc, rows, std::is_same_v<Scores, Int8Scores> ? s.row_factors.data() + r0 : nullptr,
+                   key_scales, cols);
       // Consecutive rows may belong to different query heads.
       const tiles::TileScratch scratch{s.bias.size() ? s.bias.data() : nullptr,
                                        s.factors.size() ? s.factors.data() : nullptr, nullptr, s.first.data(),
@@ -251,7 +301,7 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
       Scores::prepare(t, static_cast<float>(p.scale));
       tiles::online_softmax_tile(t, m + r0, l + r0, o + r0 * n.dv, n.dv, n.Dv);
       // And an int8 value's scale its probability, once l has counted it: p·(vs·v8) = (p·vs)·v8.
-      if constexpr (quantized) scale_columns(s.scores.data(), Bc, rows, s.value_scales.data(), cols);
+      if constexpr (quantized) scale_tile(s.scores.data(), Bc, rows, nullptr, value_scales, cols);
       if (v.staged) {
         decode::pv_accumulate(s.scores.data(), Bc, rows, v.staged, v.stride, cols, n.dv, o + r0 * n.dv, n.dv);
       } else {
