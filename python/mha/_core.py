@@ -320,3 +320,63 @@ def merge_attention_states(outputs, logsumexps):
               _bits(np.ascontiguousarray(out).reshape(1, 1, rows, shape[-1])),
               np.ascontiguousarray(lse, dtype=np.float64).reshape(1, 1, rows))
     return merged.reshape(shape).astype(first.dtype), merged_lse.reshape(shape[:-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged keys and values (a paged KV cache).
+
+# The pages' storage dtypes, by the binding's names (paged_forward_<name>).
+PAGED_DTYPES = {DTYPES[0]: "float32", BFLOAT16: "bfloat16", DTYPES[2]: "float16", np.dtype(np.int8): "int8"}
+
+
+class _Packed:
+    batch = ()  # (a paged call's queries are packed: _views' slope check needs no batch)
+
+
+def paged_forward(query, key_pages, value_pages, block_table, cu_seqlens_q, key_lengths, causal, scale, num_threads,
+                  variants=None, key_scales=None, value_scales=None):
+    """Attention of N sequences' newest tokens over paged keys and values (mha::attention::
+    paged_forward_into): query (1, Hq, T, Dqk) float32 with the sequences' queries back to back,
+    cu_seqlens_q (N + 1) where each starts and key_lengths (N) its tokens in the pages (int32 or
+    int64); key_pages / value_pages (pages, Hkv, P, D) float32, bfloat16, float16 or int8, any
+    strides with rows contiguous; block_table (N, blocks) int32; int8 pages with key_scales /
+    value_scales (pages, Hkv, P) float32. causal: "none" or "bottom_right". variants: the window,
+    softcap, chunk_size, sinks (Hq), alibi_slopes ((Hq) or (N, Hq)). Returns (output (1, Hq, T, Dv)
+    float32, logsumexp (1, Hq, T) float64)."""
+    query = _array("query", query)
+    if query.dtype != DTYPES[0]:
+        raise ArgumentTypeError(f"query: expected float32 (a paged call computes in float32), got {query.dtype}")
+    key_pages, value_pages = _array("key_pages", key_pages), _array("value_pages", value_pages)
+    if key_pages.dtype not in PAGED_DTYPES:
+        raise ArgumentTypeError(f"key_pages: expected dtype float32, bfloat16, float16 or int8, got {key_pages.dtype}")
+    if value_pages.dtype != key_pages.dtype:
+        raise ArgumentTypeError(f"value_pages: expected the dtype of key_pages ({key_pages.dtype}), got "
+                                f"{value_pages.dtype}")
+    block_table = _array("block_table", block_table)
+    if block_table.dtype not in (np.int32, np.int64):
+        raise ArgumentTypeError(f"block_table: expected int32 (or int64) page ids, got dtype {block_table.dtype}")
+    if block_table.dtype == np.int64:  # (page ids past int32 are refused by mha, which names them)
+        if block_table.size and (block_table.max() > np.iinfo(np.int32).max or block_table.min() < np.iinfo(np.int32).min):
+            raise ArgumentError("block_table: expected page ids that fit int32, got values past it")
+        block_table = block_table.astype(np.int32)
+    scales = []
+    for name, x in (("key_scales", key_scales), ("value_scales", value_scales)):
+        if x is not None:
+            x = _array(name, x)
+            if x.dtype != DTYPES[0]:
+                raise ArgumentTypeError(f"{name}: expected float32 scales, got dtype {x.dtype}")
+            x = viewable(x)
+        scales.append(x)
+    given = {**(variants or {}), "cu_seqlens_q": cu_seqlens_q, "key_lengths": key_lengths}
+    scoring = _fields.scoring(causal, scale, 0.0, None, given)
+    views = _views(DTYPES[0], _Packed, given)
+    if query.ndim != 4 or key_pages.ndim != 4 or value_pages.ndim != 4:  # (mha names the shapes)
+        shape = query.shape if query.ndim != 4 else key_pages.shape if key_pages.ndim != 4 else value_pages.shape
+        name = "query" if query.ndim != 4 else "key_pages" if key_pages.ndim != 4 else "value_pages"
+        raise ArgumentError(f"{name}: expected 4 dimensions, got shape {_shape(shape)}")
+    output = np.empty(query.shape[:3] + value_pages.shape[3:], np.float32)
+    logsumexp = np.empty(query.shape[:3], np.float64)
+    _call(getattr(_mha, "paged_forward_" + PAGED_DTYPES[key_pages.dtype]), viewable(query),
+          _bits(viewable(key_pages)), _bits(viewable(value_pages)), viewable(block_table), scales[0], scales[1],
+          output, logsumexp, scoring, views, num_threads)
+    return output, logsumexp

@@ -180,6 +180,34 @@ void merge_partial(const Out<double>& output, const Out<double>& logsumexp, cons
                                    view<const double>(block_logsumexp));
 }
 
+// paged_forward_into on pages of Kv (float32, bfloat16, float16 as their bits, or int8 with its
+// scales), a float32 query and outputs.
+template <class Kv>
+void paged_forward(const In<float>& query, const In<Kv>& key_pages, const In<Kv>& value_pages,
+                   const In<int32_t>& block_table, const std::optional<In<float>>& key_scales,
+                   const std::optional<In<float>>& value_scales, const Out<float>& output,
+                   const Out<double>& logsumexp, const Scoring& scoring, const nb::sequence& views, int num_threads) {
+  const mha::attention::PagedKv<Kv> kv{view<const Kv>(key_pages), view<const Kv>(value_pages),
+                                       view<const int32_t>(block_table),
+                                       key_scales ? view<const float>(*key_scales) : mha::View<const float>(),
+                                       value_scales ? view<const float>(*value_scales) : mha::View<const float>()};
+  const auto opt = options<float>(scoring, views);
+  nb::gil_scoped_release released;
+  OpenMPThreads threads(num_threads);
+  mha::attention::paged_forward_into<Kv>(view<const float>(query), kv, {view<float>(output), view<double>(logsumexp), {}},
+                                         opt);
+}
+
+template <class Kv>
+void define_paged(nb::module_& m) {
+  m.def((std::string("paged_forward_") + mha::storage_name<Kv>()).c_str(), &paged_forward<Kv>, "query"_a.noconvert(),
+        "key_pages"_a.noconvert(), "value_pages"_a.noconvert(), "block_table"_a.noconvert(),
+        "key_scales"_a.noconvert().none(), "value_scales"_a.noconvert().none(), "output"_a.noconvert(),
+        "logsumexp"_a.noconvert(), "scoring"_a, "views"_a, "num_threads"_a,
+        "Attention of packed queries (1, Hq, T, Dqk) over paged keys and values (pages, Hkv, P, D) through a "
+        "block table (N, blocks) int32 (mha/attention/attention.h, paged_forward_into).");
+}
+
 // A settings struct as a Python class whose attributes are its fields, each bound from the
 // struct's own list (visit_fields): a new Scoring field reaches Python with no edit here.
 template <class Settings>
@@ -503,6 +531,10 @@ NB_MODULE(_mha, m) {
   define_attention<double>(m, "");
   define_attention<mha::bfloat16>(m, "_bfloat16");
   define_attention<mha::float16>(m, "_float16");
+  define_paged<float>(m);
+  define_paged<mha::bfloat16>(m);
+  define_paged<mha::float16>(m);
+  define_paged<int8_t>(m);
   define_module<float>(m, "");
   define_module<double>(m, "");
   define_module<mha::bfloat16>(m, "_bfloat16");

@@ -12,9 +12,10 @@ mha/_fields.py builds from mha's own field lists (torch.ops.mha.sdpa_forward / s
 sdpa_weights in _sdpa.py, torch.ops.mha.multihead_attention_forward / multihead_attention_backward
 in _module.py), each with a fake (shape-only) kernel and the forwards with an autograd formula, so
 autograd works and torch.compile(fullgraph=True) keeps them in one graph. FlashAttention-2's
-functions are _flash.py's. They run mha's C++ kernels on the tensors' own memory: a CPU tensor is
-viewed as a numpy array (Tensor.numpy(), no copy) and goes through the same code as the numpy
-API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
+functions are _flash.py's, and _paged.py's over KV caches (flash_attn_with_kvcache, and
+paged_attention: paged float and int8 caches, prefill chunks and decode rows in one call). They
+run mha's C++ kernels on the tensors' own memory: a CPU tensor is viewed as a numpy array
+(Tensor.numpy(), no copy) and goes through the same code as the numpy API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
 
 Attention and nn.MultiheadAttention take float32, float64, float16 and bfloat16 tensors (bfloat16
 read in place as ml_dtypes.bfloat16 arrays). Inputs mha does not take (another device, nested or
@@ -27,11 +28,12 @@ import contextlib
 import torch
 
 from ._flash import flash_attn_func, flash_attn_varlen_func
+from ._paged import flash_attn_with_kvcache, paged_attention
 from ._module import MultiheadAttention
 from ._sdpa import merge_attention_states, scaled_dot_product_attention
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "patch", "flash_attn_func", "flash_attn_varlen_func",
-           "merge_attention_states"]
+           "flash_attn_with_kvcache", "paged_attention", "merge_attention_states"]
 
 
 # What patch() replaces: (owner, attribute, mha's version). One line per routed entry point.

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from .. import _core, _fields, _layout, _policy
+from ._paged import paged_attention
 from ._sdpa import _attention
 
 
@@ -60,11 +61,29 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence attending to its own keys alone (causality, the window and ALiBi on each sequence's
     own bottom-right diagonal; alibi_slopes (Hq,) or (N, Hq)). max_seqlen_q / max_seqlen_k must be
     at least the longest sequence's. Returns out (total_q, Hq, D); with return_attn_probs,
-    (out, softmax_lse (Hq, total_q) float32, None). block_table (paged KV) is not supported.
+    (out, softmax_lse (Hq, total_q) float32, None).
+
+    With block_table (N, max_blocks) int32, as FlashAttention's paged varlen call: k and v are paged
+    caches (num_blocks, page_block_size, Hkv, D), sequence i having cu_seqlens_k[i + 1] -
+    cu_seqlens_k[i] tokens in them, its queries its last ones; mha.torch.paged_attention runs it
+    (prefill chunks and decode rows in one call; inference only, no dropout, no gradient).
     """
-    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, "(total, nheads, headdim)")
     if block_table is not None:
-        raise _core.ArgumentError("block_table: expected None (mha does not read paged KV caches), got a tensor")
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, Tensor) or x.dim() != 4:
+                raise _core.ArgumentError(f"{name}: expected a paged cache (num_blocks, page_block_size, nheads_k, "
+                                          f"headdim) with block_table, got "
+                                          f"{_layout._shape(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__}")
+        if dropout_p != 0.0:
+            raise _core.ArgumentError(f"dropout_p: expected 0 with a block_table (a paged call has no dropout), "
+                                      f"got {dropout_p}")
+        if not isinstance(cu_seqlens_k, Tensor) or cu_seqlens_k.dim() != 1:
+            raise _core.ArgumentTypeError("cu_seqlens_k: expected a 1-D int32 or int64 tensor of N + 1 offsets")
+        out = paged_attention(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k[1:] - cu_seqlens_k[:-1],
+                              softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                              alibi_slopes=alibi_slopes, return_softmax_lse=return_attn_probs, **variants)
+        return (*out, None) if return_attn_probs else out
+    alibi_slopes = _flash_checks(q, k, v, alibi_slopes, deterministic, return_attn_probs, "(total, nheads, headdim)")
     for name, cu, longest in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q), ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k)):
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
             raise _core.ArgumentTypeError(f"{name}: expected a 1-D int32 or int64 tensor of N + 1 offsets, got "
