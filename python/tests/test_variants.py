@@ -300,7 +300,8 @@ def test_flash_functions_bad_values():
     q, k, v, cu_q, cu_k = packed([3, 7], [4, 7])
     with pytest.raises(mha.ArgumentError, match="max_seqlen_q: expected at least the longest sequence's 7, got 5"):
         mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 7)
-    with pytest.raises(mha.ArgumentError, match="block_table: expected None"):
+    # With a block_table, k and v are paged caches (test_paged.py): unpaged ones are named.
+    with pytest.raises(mha.ArgumentError, match=r"k: expected a paged cache \(num_blocks, page_block_size"):
         mha.torch.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7, block_table=torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(mha.ArgumentError, match="cu_seqlens_q: expected non-decreasing offsets"):
         mha.torch.flash_attn_varlen_func(q, k, v, torch.tensor([0, 7, 3, 10], dtype=torch.int32),
