@@ -15,7 +15,8 @@
 #               then sentence embeddings beside sentence-transformers and ONNX Runtime
 #               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
 #               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
-#               a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
+#               paged and int8 caches and a mixed batch (mha bench --paged), greedy generation with
+#               paged caches (scripts/bench/bench_serving.py), then a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
 #               (scripts/bench/bench_variants.py), then SDPA in bfloat16 beside float32 and PyTorch's
 #               (scripts/bench/bench_bfloat16.py), then attention's tile products in bfloat16 beside
 #               float32 (mha bench --gemm), then models inside Hugging Face transformers
@@ -107,7 +108,8 @@ demo: deps model build python-package
 
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
-# sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), the attention
+# sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), paged caches
+# (mha bench --paged, bench_serving.py), the attention
 # variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm),
 # models inside Hugging Face transformers (bench_transformers.py) and context-parallel attention
 # under mpirun (bench_distributed.sh). The peers are installed into .venv first.
@@ -118,6 +120,8 @@ bench: deps model build python-package
 	$(PYTHON) scripts/bench/bench_python.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_embed.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_decode.py $(BUILD_DIR)
+	$(BUILD_DIR)/tools/mha/mha bench --paged --json $(BUILD_DIR)/bench/paged.json
+	$(PYTHON) scripts/bench/bench_serving.py
 	$(PYTHON) scripts/bench/bench_variants.py $(BUILD_DIR)
 	$(PYTHON) scripts/bench/bench_bfloat16.py $(BUILD_DIR)
 	$(BUILD_DIR)/tools/mha/mha bench --gemm --json $(BUILD_DIR)/bench/gemm.json

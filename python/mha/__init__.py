@@ -14,9 +14,10 @@ from __future__ import annotations
 from . import _core, _fields, _threads
 from ._fields import ArgumentError, ArgumentTypeError
 from ._threads import get_num_threads, set_num_threads
+from ._paged import PagedKVCache
 from ._sentence import SentenceEncoder
 
-__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "SentenceEncoder",
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward", "SentenceEncoder", "PagedKVCache",
            "set_num_threads", "get_num_threads", "ArgumentError", "ArgumentTypeError"]
 __version__ = "0.1.0"
 

@@ -44,6 +44,7 @@ import warnings
 
 import torch
 import transformers
+import transformers.cache_utils
 
 from . import _core, _policy
 from .torch._sdpa import _attention
@@ -53,7 +54,7 @@ if int(transformers.__version__.split(".")[0]) < 5:  # the attention and mask in
     raise ImportError(f"mha.transformers needs transformers >= 5 (pip install \"mha[transformers]\"), "
                       f"got transformers {transformers.__version__}")
 
-__all__ = ["NAME", "register", "attention_forward", "attention_mask"]
+__all__ = ["NAME", "register", "attention_forward", "attention_mask", "PagedCache"]
 
 NAME = "mha"
 
@@ -275,6 +276,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     (B, Hkv, S, D/Dv) as the models send them, attention_mask from `attention_mask` above (or a
     4-D mask the caller built) -> (output (B, L, Hq, Dv), weights (B, Hq, L, S) when
     output_attentions=True, else None). See the module's docstring."""
+    if hasattr(key, _PAGED):  # a PagedCache's layer: its pages, read in place
+        return _paged_attention(module, query, key, attention_mask, scaling, softcap, s_aux, **kwargs)
     _policy.refuse_inputs("query, key, value", _policy.unsupported(query, key, value, attention_mask),
                           'attn_implementation="mha": ')
     # Under torch.autocast, as "sdpa" gets them (rotary embeddings leave q and k in float32 beside a
@@ -359,6 +362,132 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if weights.shape[-1] < full:  # a static cache's slots not written yet: weight 0
             weights = torch.nn.functional.pad(weights, (0, full - weights.shape[-1]))
     return output.transpose(1, 2).contiguous(), weights
+
+
+# ---------------------------------------------------------------------------------------------
+# A paged (and int8) KV cache for generate(): mha.PagedKVCache behind transformers' Cache.
+
+_PAGED = "_mha_paged"  # the attribute of the keys a PagedCache layer returns: (cache, layer)
+
+
+class _PagedLayer(transformers.cache_utils.CacheLayerMixin):
+    """One layer of a PagedCache: its update writes the new keys and values into the pool's pages
+    and returns stand-ins of their shape (no memory) that carry the cache, which attention_forward
+    reads in place."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner, layer):
+        super().__init__()
+        self._owner, self._layer = owner, layer
+
+    def lazy_initialization(self, key_states, value_states):
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        owner = self._owner
+        batch, heads, new, _ = key_states.shape
+        owner._grow(self._layer, batch, new)
+        cu = [t * new for t in range(batch + 1)]
+
+        def packed(x):  # (B, H, T, D) -> (1, H, B·T, D) float32
+            return x.detach().to(torch.float32).permute(1, 0, 2, 3).reshape(1, heads, batch * new, x.shape[-1]).numpy()
+
+        owner.pool.write(self._layer, owner.sequences, packed(key_states), packed(value_states), cu)
+        length = owner.pool.length(owner.sequences[0])
+        keys = torch.zeros((), dtype=key_states.dtype).expand(batch, heads, length, key_states.shape[-1])
+        values = torch.zeros((), dtype=value_states.dtype).expand(batch, heads, length, value_states.shape[-1])
+        setattr(keys, _PAGED, (owner, self._layer))
+        return keys, values
+
+    def get_mask_sizes(self, query_length):
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self):
+        owner = self._owner
+        return owner.pool.length(owner.sequences[0]) if owner.sequences else 0
+
+    def get_max_length(self):
+        return -1
+
+    def reset(self):
+        self._owner.reset()
+
+    def reorder_cache(self, beam_idx):
+        raise _core.ArgumentError("PagedCache: beam search is not supported (it reorders the batch's caches); use "
+                                  "greedy or sampled generation")
+
+
+class PagedCache(transformers.Cache):
+    """A KV cache for `model.generate(..., cache=PagedCache(model.config))` with
+    attn_implementation="mha": every layer's keys and values in one mha.PagedKVCache (pages of
+    `page_size` tokens through a block table; dtype "float32", "bfloat16", "float16" or "int8", a
+    scale per token and kv head), read in place by mha's paged attention (each step one call over
+    the batch's pages; no copy of the history). `pages` sizes the pool (the memory of a page is
+    taken only when it is written); by default enough for `max_batch_size` sequences of the
+    model's max_position_embeddings. One sequence per batch row; greedy and sampled generation
+    (not beam search). docs/transformers.md."""
+
+    def __init__(self, config, dtype="bfloat16", page_size=256, pages=None, max_batch_size=8):
+        from ._paged import PagedKVCache
+        text = config.get_text_config(decoder=True)
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        layers = text.num_hidden_layers
+        if pages is None:
+            longest = getattr(text, "max_position_embeddings", 4096) or 4096
+            pages = max_batch_size * -(-int(longest) // page_size)
+        self.pool = PagedKVCache(layers, pages, page_size, kv_heads, head_dim, dtype=dtype)
+        self.sequences = []
+        super().__init__(layers=[_PagedLayer(self, i) for i in range(layers)])
+
+    def _grow(self, layer, batch, new):
+        """Room for `new` tokens in each of the batch's sequences, once a step (at the first layer)."""
+        if not self.sequences:
+            self.sequences = [self.pool.add() for _ in range(batch)]
+        elif len(self.sequences) != batch:
+            raise _core.ArgumentError(f"PagedCache: expected a batch of {len(self.sequences)} (its sequences), got "
+                                      f"{batch}")
+        if layer == 0:
+            self.pool.extend(self.sequences, [new] * batch)
+
+    def reset(self):
+        for s in self.sequences:
+            self.pool.release(s)
+        self.sequences = []
+
+
+def _paged_attention(module, query, key, attention_mask, scaling, softcap, s_aux, **kwargs):
+    """attention_forward for keys a PagedCache layer returned: the batch's rows as sequences of its
+    pool, each row's queries its newest tokens, left padding (the 2-D mask's) as key_starts."""
+    owner, layer = getattr(key, _PAGED)
+    if kwargs.get("output_attentions"):
+        raise _core.ArgumentError("PagedCache: output_attentions=True is not supported (a paged call builds no weights)")
+    known = _known_mask(attention_mask)
+    if attention_mask is not None and known is None:
+        raise _core.ArgumentError("PagedCache: expected the mask of mha's mask function (attn_implementation=\"mha\"), "
+                                  "got a mask built elsewhere")
+    settings, lengths = (known[0], known[1]) if known is not None else (None, {})
+    if known is not None and known[2]:
+        raise _core.ArgumentError("PagedCache: a row whose real tokens are not one run (padding inside a sequence) is "
+                                  "not supported")
+    causal, window, chunk = (settings[0], settings[1] or (-1, -1), settings[3]) if settings else (True, (-1, -1), 0)
+    batch, heads, length, dim = query.shape
+    variants = {"window_left": window[0], "window_right": window[1], "softcap": float(softcap or 0.0),
+                "chunk_size": chunk}
+    if s_aux is not None:
+        variants["sinks"] = s_aux.detach().to(torch.float32).numpy()
+    starts = lengths.get("key_starts")
+    q = query.detach().to(torch.float32).transpose(0, 1).reshape(1, heads, batch * length, dim).numpy()
+    out, _ = owner.pool.attend(layer, owner.sequences, q, [t * length for t in range(batch + 1)], scale=scaling,
+                               causal=causal, key_starts=None if starts is None else starts.numpy(), **variants)
+    out = torch.from_numpy(out).reshape(heads, batch, length, -1).to(query.dtype)
+    return out.permute(1, 2, 0, 3).contiguous(), None
 
 
 def register():

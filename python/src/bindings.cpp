@@ -32,6 +32,7 @@
 #include "mha/core/bf16_gemm.h"
 #include "mha/models/sentence_encoder.h"
 #include "mha/nn/multihead_attention.h"
+#include "mha/nn/paged_kv_cache.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -411,6 +412,67 @@ nb::tuple multihead_attention_backward(
                         to_numpy(std::move(out.grad_value)), grad_sinks);
 }
 
+// mha::nn::PagedKVCache<Kv> as a Python class (PagedKVCache_<dtype>): the pool and its sequences;
+// pages(layer) returns the layer's pages (and int8 scales) as arrays of the cache's own memory,
+// which keep the cache alive, for paged_forward.
+template <class Kv>
+void define_paged_cache(nb::module_& m) {
+  using Cache = mha::nn::PagedKVCache<Kv>;
+  using S = typename Stored<Kv>::type;
+  auto memory = [](nb::handle owner, const auto& v) {
+    using E = std::conditional_t<std::is_same_v<std::remove_cvref_t<decltype(*v.data())>, float>, float, S>;
+    std::vector<size_t> shape(v.shape().begin(), v.shape().end());
+    return nb::ndarray<nb::numpy, const E>(reinterpret_cast<const E*>(v.data()), shape.size(), shape.data(), owner);
+  };
+  nb::class_<Cache>(m, (std::string("PagedKVCache_") + mha::storage_name<Kv>()).c_str())
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(), "layers"_a, "pages"_a, "page_size"_a,
+           "kv_heads"_a, "qk_head_dim"_a, "v_head_dim"_a)
+      .def("add", &Cache::add)
+      .def("fork", &Cache::fork, "sequence"_a)
+      .def("release", &Cache::release, "sequence"_a)
+      .def("length", &Cache::length, "sequence"_a)
+      .def(
+          "extend",
+          [](Cache& c, const std::vector<int64_t>& seqs, const std::vector<int64_t>& counts) { c.extend(seqs, counts); },
+          "seqs"_a, "counts"_a)
+      .def(
+          "write",
+          [](Cache& c, int64_t layer, const std::vector<int64_t>& seqs, const In<float>& key, const In<float>& value,
+             const std::vector<int64_t>& cu_seqlens) {
+            const auto k = view<const float>(key), v = view<const float>(value);
+            nb::gil_scoped_release released;
+            c.write(layer, seqs, k, v, cu_seqlens);
+          },
+          "layer"_a, "seqs"_a, "key"_a.noconvert(), "value"_a.noconvert(), "cu_seqlens"_a)
+      .def(
+          "block_table", [](const Cache& c, const std::vector<int64_t>& seqs) { return to_numpy(c.block_table(seqs)); },
+          "seqs"_a)
+      .def(
+          "pages",
+          [memory](nb::handle self, int64_t layer) {
+            const Cache& c = nb::cast<const Cache&>(self);
+            const mha::Tensor<int32_t> none({0, 1});
+            const auto kv = c.pages(layer, none);
+            nb::object scales[2] = {nb::none(), nb::none()};
+            if constexpr (std::is_same_v<Kv, int8_t>) {
+              scales[0] = nb::cast(memory(self, kv.key_scales));
+              scales[1] = nb::cast(memory(self, kv.value_scales));
+            }
+            return nb::make_tuple(memory(self, kv.key_pages), memory(self, kv.value_pages), scales[0], scales[1]);
+          },
+          "layer"_a,
+          "(key_pages (pages, Hkv, P, Dqk), value_pages, key_scales (pages, Hkv, P) or None, value_scales): the "
+          "cache's own memory, read-only")
+      .def_prop_ro("layers", &Cache::layers)
+      .def_prop_ro("page_count", &Cache::page_count)
+      .def_prop_ro("page_size", &Cache::page_size)
+      .def_prop_ro("kv_heads", &Cache::kv_heads)
+      .def_prop_ro("qk_head_dim", &Cache::qk_head_dim)
+      .def_prop_ro("v_head_dim", &Cache::v_head_dim)
+      .def_prop_ro("pages_in_use", &Cache::pages_in_use)
+      .def_prop_ro("free_pages", &Cache::free_pages);
+}
+
 // The attention calls of one element type: float32 and float64 as overloads of one name (nanobind
 // picks the one whose dtypes match, noconvert), bfloat16 and float16 under their own names
 // (`suffix`: their arrays are all uint16).
@@ -535,6 +597,10 @@ NB_MODULE(_mha, m) {
   define_paged<mha::bfloat16>(m);
   define_paged<mha::float16>(m);
   define_paged<int8_t>(m);
+  define_paged_cache<float>(m);
+  define_paged_cache<mha::bfloat16>(m);
+  define_paged_cache<mha::float16>(m);
+  define_paged_cache<int8_t>(m);
   define_module<float>(m, "");
   define_module<double>(m, "");
   define_module<mha::bfloat16>(m, "_bfloat16");

@@ -38,7 +38,7 @@ void query_row(const float* x, int64_t n, float* out) {
 // A paged call's sizes and sequences, checked.
 struct PagedCall {
   int64_t N = 0, T = 0, Hq = 0, Hkv = 0, P = 0, Dqk = 0, Dv = 0, pages = 0, blocks = 0;
-  std::vector<int64_t> q0, q_len, k_len;  // per sequence: first query, queries, tokens
+  std::vector<int64_t> q0, q_len, k_len, start;  // per sequence: first query, queries, tokens, first real token
 
   int64_t group() const { return Hq / Hkv; }
   // Page of token j of sequence s.
@@ -102,9 +102,10 @@ PagedCall check_paged(const View<const float>& query, const PagedKv<Kv>& kv, con
   for (const auto& [name, given] : {std::pair<const char*, bool>{"attend_mask", o.attend_mask.defined()},
                                     {"additive_mask", o.additive_mask.defined()},
                                     {"query_lengths", o.query_lengths.defined()},
-                                    {"key_starts", o.key_starts.defined()},
                                     {"cu_seqlens_k", o.cu_seqlens_k.defined()}})
     check(!given, "options.", name, ": expected none in a paged call (cu_seqlens_q and key_lengths say the sequences)");
+  check(!o.key_starts.defined() || o.key_starts.shape() == Shape{c.N}, "options.key_starts: expected (", c.N,
+        "): each sequence's first real token (left padding), or none, got shape ", o.key_starts.shape());
   check(o.cu_seqlens_q.defined() && o.cu_seqlens_q.shape() == Shape{c.N + 1}, "options.cu_seqlens_q: expected (",
         c.N + 1, "): where each of block_table's ", c.N, " sequences' queries start, and T, got ",
         o.cu_seqlens_q.defined() ? to_string(o.cu_seqlens_q.shape()) : std::string("none"));
@@ -124,9 +125,13 @@ PagedCall check_paged(const View<const float>& query, const PagedKv<Kv>& kv, con
       check(page >= 0 && page < c.pages, "block_table[", s, ", ", j / c.P, "]: expected a page 0 to ", c.pages - 1,
             " (sequence ", s, " has ", k, " tokens), got ", page);
     }
+    const int64_t start = o.key_starts.defined() ? at(o.key_starts, s) : 0;
+    check(start >= 0 && start <= k, "options.key_starts[", s, "]: expected 0 to ", k, " (the sequence's tokens), got ",
+          start);
     c.q0.push_back(q0);
     c.q_len.push_back(q1 - q0);
     c.k_len.push_back(k);
+    c.start.push_back(start);
   }
   if (o.alibi_slopes.defined())
     check(o.alibi_slopes.shape() == Shape{c.Hq} || o.alibi_slopes.shape() == Shape{c.N, c.Hq},
@@ -167,7 +172,7 @@ void run_on_decode(const View<const float>& query, const PagedKv<Kv>& kv, const 
   Tensor<float> q({n, c.Hq, L, c.Dqk}), result({n, c.Hq, L, c.Dv});
   Tensor<double> lse({n, c.Hq, L});
   Tensor<int32_t> table({n, c.blocks});
-  Tensor<int64_t> q_len({n}), k_len({n});
+  Tensor<int64_t> q_len({n}), k_len({n}), start({n});
   Tensor<float> slopes;  // (N, Hq) ALiBi slopes: the rows of these sequences
   const bool slope_rows = o.alibi_slopes.dim() == 2;
   if (slope_rows) slopes = Tensor<float>({n, c.Hq});
@@ -176,6 +181,7 @@ void run_on_decode(const View<const float>& query, const PagedKv<Kv>& kv, const 
     const size_t si = static_cast<size_t>(s);
     q_len[b] = c.q_len[si];
     k_len[b] = c.k_len[si];
+    start[b] = c.start[si];
     for (int64_t j = 0; j < c.blocks; ++j)
       table[b * c.blocks + j] = kv.block_table.data()[s * kv.block_table.stride(0) + j * kv.block_table.stride(1)];
     for (int64_t h = 0; h < c.Hq; ++h) {
@@ -189,6 +195,7 @@ void run_on_decode(const View<const float>& query, const PagedKv<Kv>& kv, const 
   static_cast<Scoring&>(sub) = o;
   sub.query_lengths = q_len;
   sub.key_lengths = k_len;
+  if (o.key_starts.defined()) sub.key_starts = start;
   sub.sinks = o.sinks;
   sub.alibi_slopes = slope_rows ? View<const float>(slopes) : o.alibi_slopes;
   const detail::Problem p =
@@ -225,13 +232,14 @@ void run_on_copy(const View<const float>& query, const PagedKv<Kv>& kv, const Fo
                  const Options<float>& o, const PagedCall& c, int64_t s, Backend backend) {
   using Copy = std::conditional_t<std::is_same_v<Kv, int8_t>, float, Kv>;
   const size_t si = static_cast<size_t>(s);
-  const int64_t S = c.k_len[si], Lq = c.q_len[si], G = c.group();
+  // The sequence's tokens from its first real one (key_starts: its own positions start there).
+  const int64_t first = c.start[si], S = c.k_len[si] - first, Lq = c.q_len[si], G = c.group();
   if (Lq == 0) return;
   Tensor<Copy> keys({1, 1, S, c.Dqk}), values({1, 1, S, c.Dv});
   auto gather = [&](const View<const Kv>& pages, const View<const float>& scales, int64_t g, Tensor<Copy>& to) {
     const int64_t D = to.size(3);
     for (int64_t j = 0; j < S; ++j) {
-      const int64_t page = c.page(kv, s, j), slot = j % c.P;
+      const int64_t page = c.page(kv, s, first + j), slot = (first + j) % c.P;
       const Kv* row = pages.data() + page * pages.stride(0) + g * pages.stride(1) + slot * pages.stride(2);
       Copy* dst = to.data() + j * D;
       if constexpr (std::is_same_v<Kv, int8_t>) {

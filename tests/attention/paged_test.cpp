@@ -38,7 +38,17 @@ struct PagedCase {
   Scoring scoring{.causal = Causal::bottom_right};
   bool alibi = false, sinks = false;
   bool flash_layout = false;  // pages stored (pages, P, Hkv, D)
+  std::vector<int64_t> starts;  // key_starts (left padding), one per sequence, or none
 };
+
+// Tokens [from, S) of a (1, H, S, D) tensor.
+Tensor<double> tokens_from(const Tensor<double>& t, int64_t from) {
+  const int64_t H = t.size(1), S = t.size(2), D = t.size(3);
+  Tensor<double> out({1, H, S - from, D});
+  for (int64_t h = 0; h < H; ++h)
+    std::copy_n(t.data() + (h * S + from) * D, (S - from) * D, out.data() + h * (S - from) * D);
+  return out;
+}
 
 // A uniform number in [-1, 1) from the generator (the same on every machine).
 float uniform(std::mt19937& g) { return static_cast<float>(g() >> 8) * 0x1p-23f - 1.0f; }
@@ -51,7 +61,7 @@ struct Built {
   std::vector<float> key_scale_store, value_scale_store;
   Tensor<int32_t> table;
   Tensor<float> query;
-  Tensor<int64_t> cu, k_len;
+  Tensor<int64_t> cu, k_len, starts;
   Tensor<float> alibi, sinks;
   std::vector<Tensor<double>> keys, values;  // (1, Hkv, S, D) per sequence, the stored values
 
@@ -75,6 +85,7 @@ struct Built {
     o.key_lengths = k_len;
     if (c.alibi) o.alibi_slopes = alibi;
     if (c.sinks) o.sinks = sinks;
+    if (!c.starts.empty()) o.key_starts = starts;
     return o;
   }
 };
@@ -151,6 +162,7 @@ Built<Kv> build(const PagedCase& c, uint32_t seed) {
   for (int64_t i = 0; i < b.alibi.numel(); ++i) b.alibi[i] = 0.05f * (uniform(g) + 1.0f);
   b.sinks = Tensor<float>({c.Hq});
   for (int64_t i = 0; i < b.sinks.numel(); ++i) b.sinks[i] = 2.0f * uniform(g);
+  if (!c.starts.empty()) b.starts = Tensor<int64_t>({N}, c.starts);
   return b;
 }
 
@@ -189,7 +201,10 @@ std::pair<Tensor<F>, Tensor<double>> reference(const PagedCase& c, const Built<K
     }
     if (c.alibi) o.alibi_slopes = slopes;
     if (c.sinks) o.sinks = sinks;
-    const ForwardResult<F> r = sdpa_forward(query, mha::cast<F>(b.keys[s]), mha::cast<F>(b.values[s]), o);
+    // Left padding: the sequence is its tokens from its start on.
+    const int64_t from = c.starts.empty() ? 0 : c.starts[s];
+    const ForwardResult<F> r =
+        sdpa_forward(query, mha::cast<F>(tokens_from(b.keys[s], from)), mha::cast<F>(tokens_from(b.values[s], from)), o);
     for (int64_t h = 0; h < c.Hq; ++h)
       for (int64_t i = 0; i < q; ++i) {
         std::copy_n(r.output.data() + (h * q + i) * c.Dv, c.Dv, out.data() + (h * T + q0 + i) * c.Dv);
@@ -282,6 +297,12 @@ TEST(Paged, VariantsMatchReference) {
   c.sinks = true;
   check_paged<float>(c, 505);
   check_paged<int8_t>(c, 506);
+  // Left padding (key_starts: transformers' generate() pads a batch on the left), with chunks and
+  // ALiBi counted from each sequence's first real token.
+  c.starts = {1, 299, 699, 9, 590, 50, 2080, 4000};  // some past the first query: padded queries see nothing
+  c.alibi = true;
+  check_paged<bfloat16>(c, 507);
+  check_paged<int8_t>(c, 508);
 }
 
 // With pages of whole decode blocks (256 keys) the decode rows are the same bits as decode on the
@@ -404,6 +425,10 @@ TEST(Paged, RejectsBadInput) {
   o = good;
   o.cu_seqlens_k = b.cu;
   expect_error([&] { call(kv, o); }, "options.cu_seqlens_k: expected none in a paged call");
+  o = good;
+  Tensor<int64_t> starts({2}, std::vector<int64_t>{0, 41});
+  o.key_starts = starts;
+  expect_error([&] { call(kv, o); }, "options.key_starts[1]: expected 0 to 40");
   o = good;
   o.dropout_p = 0.1;
   expect_error([&] { call(kv, o); }, "options.dropout_p: expected 0");

@@ -130,9 +130,11 @@ struct PagedKv {
 // q_s, is its token key_lengths[s] − q_s + i; with options.causal = bottom_right it sees the
 // tokens up to itself). Writes out.output (1, Hq, T, Dv) and out.logsumexp (1, Hq, T) (any
 // strides, as sdpa_forward_into's). The options a paged call takes: causal (none or
-// bottom_right), scale, window, softcap, chunk_size, sinks and alibi_slopes ((Hq), or (N, Hq):
-// one row per sequence); not masks, dropout, weights, query_lengths, key_starts, cu_seqlens_k
-// or whole_call (mha::Error naming the one given).
+// bottom_right), scale, window, softcap, chunk_size, sinks, alibi_slopes ((Hq), or (N, Hq): one
+// row per sequence) and key_starts ((N): left padding, a sequence's tokens before it seen by no
+// query, its positions counted from it, and its queries before it padding: they see nothing and
+// give 0); not masks, dropout, weights, query_lengths,
+// cu_seqlens_k or whole_call (mha::Error naming the one given).
 // Backends: automatic runs the sequences of at most 16 queries on decode, all together (tasks of
 // (sequence, kv head, chunk of keys) over the pages, int8 widened in registers), and each longer
 // one (a prefill chunk) on cpu_flash, one kv head at a time over a contiguous copy of that
