@@ -244,3 +244,55 @@ def test_paged_bad_arguments():
     with pytest.raises(ValueError, match="dropout_p: expected 0 with a block_table"):
         mha.torch.flash_attn_varlen_func(q[0], k_cache, k_cache, cu, torch.tensor([0, 5], dtype=torch.int32), 1, 5,
                                          dropout_p=0.1, block_table=table)
+
+
+def test_numpy_paged_kv_cache():
+    # mha.PagedKVCache (the C++ class): two sequences and a fork, written in two steps, attended with
+    # their newest tokens' queries; each against the definition on the tokens written (float32
+    # storage: the float32 rule; int8: the rounded numbers read back from the pages, the queries
+    # rounded as the call rounds them).
+    rng = np.random.default_rng(7)
+    for dtype in ("float32", "int8"):
+        cache = mha.PagedKVCache(layers=2, pages=16, page_size=8, kv_heads=2, head_dim=16, dtype=dtype)
+        a, b = cache.add(), cache.add()
+        written = {a: [], b: []}
+        for counts in ((11, 3), (1, 1)):
+            cache.extend([a, b], counts)
+            k = rng.standard_normal((1, 2, sum(counts), 16)).astype(np.float32)
+            v = rng.standard_normal((1, 2, sum(counts), 16)).astype(np.float32)
+            cache.write(1, [a, b], k, v, [0, counts[0], sum(counts)])
+            written[a].append((k[:, :, :counts[0]], v[:, :, :counts[0]]))
+            written[b].append((k[:, :, counts[0]:], v[:, :, counts[0]:]))
+        c = cache.fork(a)
+        assert cache.length(c) == 12 and cache.pages_in_use == 2 + 1  # the fork shares a's two pages
+        q = rng.standard_normal((1, 4, 3, 16)).astype(np.float32)  # a's last 2 tokens, b's last 1
+        out, lse = cache.attend(1, [a, b], q, [0, 2, 3])
+        key_pages, value_pages, key_scales, value_scales = cache.pages(1)
+        table = cache.block_table([a, b])
+        for s, rows in ((0, slice(0, 2)), (1, slice(2, 3))):
+            n = cache.length([a, b][s])
+            idx = np.arange(n)
+            pages, slots = table[s][idx // 8], idx % 8
+            K = key_pages[pages, :, slots].astype(np.float64)  # (n, Hkv, D)
+            V = value_pages[pages, :, slots].astype(np.float64)
+            Q = q[0, :, rows].astype(np.float64)  # (Hq, L, D)
+            if dtype == "int8":
+                K *= key_scales[pages, :, slots][..., None]
+                V *= value_scales[pages, :, slots][..., None]
+                scale = (np.abs(Q).max(-1, keepdims=True).astype(np.float32) / np.float32(127)).astype(np.float64)
+                Q = np.round(Q / scale) * scale
+            else:
+                own = np.concatenate([x for x, _ in written[[a, b][s]]], axis=2)[0].transpose(1, 0, 2)
+                assert np.array_equal(K, own)  # float32 pages hold what was written
+            K, V = np.repeat(K, 2, axis=1).transpose(1, 0, 2), np.repeat(V, 2, axis=1).transpose(1, 0, 2)
+            scores = Q @ K.transpose(0, 2, 1) / 4.0
+            L = Q.shape[1]
+            scores[:, np.arange(n)[None, :] > np.arange(L)[:, None] + n - L] = -np.inf
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            expected = (p / p.sum(-1, keepdims=True)) @ V
+            peer = (p.astype(np.float32) / p.astype(np.float32).sum(-1, keepdims=True)) @ V.astype(np.float32)
+            assert_flash_rule(out[0, :, rows], expected, peer, f"{dtype} sequence {s}")
+        cache.release(a)
+        assert cache.length(c) == 12 and cache.pages_in_use == 2 + 1
+        with pytest.raises(mha.ArgumentError, match="PagedKVCache::length: sequence: expected the id of a live"):
+            cache.length(a)
