@@ -3,6 +3,7 @@
 // reference) over a contiguous copy of the sequence's keys and values, one kv head at a time.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -158,8 +159,8 @@ Rows<const T> paged_rows(const View<const T>& pages, const Tensor<int32_t>& tabl
   return {pages.data(), pages.stride(0), pages.stride(1), pages.stride(2), table.data(), table.size(1), P};
 }
 
-// The sequences `seqs` together on decode: their queries gathered into a padded (n, Hq, Lmax, Dqk)
-// batch (a few rows each), the pages read in place through their rows of the block table.
+// The sequences `seqs` (as many queries each) together on decode: their queries gathered into an
+// (n, Hq, L, Dqk) batch, the pages read in place through their rows of the block table.
 template <class Kv>
 void run_on_decode(const View<const float>& query, const PagedKv<Kv>& kv, const ForwardOutputs<float>& out,
                    const Options<float>& o, const PagedCall& c, const std::vector<int64_t>& seqs) {
@@ -281,20 +282,22 @@ template <class Kv>
 void paged_forward_into(View<const float> query, const PagedKv<Kv>& kv, const ForwardOutputs<float>& out,
                         const Options<float>& options) {
   const PagedCall c = check_paged(query, kv, out, options);
-  std::vector<int64_t> on_decode;
+  // The decode sequences by their query count, each count one task set: a row of 1 query padded
+  // to a speculative step's 4 would cost 4 rows' products.
+  std::map<int64_t, std::vector<int64_t>> on_decode;
   for (int64_t s = 0; s < c.N; ++s) {
     const int64_t rows = c.q_len[static_cast<size_t>(s)];
     if (rows == 0) continue;
     const bool decode = options.backend == Backend::decode ||
                         (options.backend == Backend::automatic && rows <= detail::kDecodeRows);
     if (decode) {
-      on_decode.push_back(s);
+      on_decode[rows].push_back(s);
     } else {
       run_on_copy(query, kv, out, options, c, s,
                   options.backend == Backend::reference ? Backend::reference : Backend::cpu_flash);
     }
   }
-  if (!on_decode.empty()) run_on_decode(query, kv, out, options, c, on_decode);
+  for (const auto& [rows, seqs] : on_decode) run_on_decode(query, kv, out, options, c, seqs);
 }
 
 template void paged_forward_into(View<const float>, const PagedKv<float>&, const ForwardOutputs<float>&,

@@ -135,8 +135,8 @@ struct PagedKv {
 // query, its positions counted from it, and its queries before it padding: they see nothing and
 // give 0); not masks, dropout, weights, query_lengths,
 // cu_seqlens_k or whole_call (mha::Error naming the one given).
-// Backends: automatic runs the sequences of at most 16 queries on decode, all together (tasks of
-// (sequence, kv head, chunk of keys) over the pages, int8 widened in registers), and each longer
+// Backends: automatic runs the sequences of at most 16 queries on decode, those of each query
+// count together (tasks of (sequence, kv head, chunk of keys) over the pages), and each longer
 // one (a prefill chunk) on cpu_flash, one kv head at a time over a contiguous copy of that
 // sequence's keys and values (O(S·d) copied against O(L·S·d) work; int8 widened with its scales);
 // decode or cpu_flash send every sequence to that path; reference runs each sequence's copy on
