@@ -391,17 +391,19 @@ class _PagedLayer(transformers.cache_utils.CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         owner = self._owner
         batch, heads, new, _ = key_states.shape
-        owner._grow(self._layer, batch, new)
-        cu = [t * new for t in range(batch + 1)]
+        seqs, cu = owner._grow(self._layer, batch, new)
 
         def packed(x):  # (B, H, T, D) -> (1, H, B·T, D) float32
             return x.detach().to(torch.float32).permute(1, 0, 2, 3).reshape(1, heads, batch * new, x.shape[-1]).numpy()
 
-        owner.pool.write(self._layer, owner.sequences, packed(key_states), packed(value_states), cu)
-        length = owner.pool.length(owner.sequences[0])
+        owner.pool.write(self._layer, seqs, packed(key_states), packed(value_states), cu)
+        step = owner._packed is not None
+        if step and self._layer == len(owner.layers) - 1:
+            owner._packed = None  # one forward's (its attention calls have the step on their keys)
+        length = 0 if step else owner.pool.length(seqs[0])
         keys = torch.zeros((), dtype=key_states.dtype).expand(batch, heads, length, key_states.shape[-1])
         values = torch.zeros((), dtype=value_states.dtype).expand(batch, heads, length, value_states.shape[-1])
-        setattr(keys, _PAGED, (owner, self._layer))
+        setattr(keys, _PAGED, (owner, self._layer, seqs, cu, step))
         return keys, values
 
     def get_mask_sizes(self, query_length):
@@ -443,11 +445,28 @@ class PagedCache(transformers.Cache):
             longest = getattr(text, "max_position_embeddings", 4096) or 4096
             pages = max_batch_size * -(-int(longest) // page_size)
         self.pool = PagedKVCache(layers, pages, page_size, kv_heads, head_dim, dtype=dtype)
-        self.sequences = []
+        self.sequences = []  # one per batch row (generate()); a packed step's are pack()'s
+        self._packed = None
         super().__init__(layers=[_PagedLayer(self, i) for i in range(layers)])
+
+    def pack(self, sequences, counts):
+        """The next forward is one packed row (batch 1) holding counts[i] new tokens of pool sequence
+        sequences[i] (ids from self.pool.add() or fork()), back to back, each sequence's queries
+        its newest tokens: decode rows and prefill chunks of many sequences in one step (a serving
+        engine's step; pass each token's position in its sequence as position_ids). Holds for one
+        forward."""
+        self._packed = ([int(s) for s in sequences], [int(c) for c in counts])
 
     def _grow(self, layer, batch, new):
         """Room for `new` tokens in each of the batch's sequences, once a step (at the first layer)."""
+        if self._packed is not None:
+            seqs, counts = self._packed
+            if batch != 1 or new != sum(counts):
+                raise _core.ArgumentError(f"PagedCache.pack: expected one row of {sum(counts)} tokens, got {batch} "
+                                          f"of {new}")
+            if layer == 0:
+                self.pool.extend(seqs, counts)
+            return seqs, [0] + torch.tensor(counts).cumsum(0).tolist()
         if not self.sequences:
             self.sequences = [self.pool.add() for _ in range(batch)]
         elif len(self.sequences) != batch:
@@ -455,6 +474,7 @@ class PagedCache(transformers.Cache):
                                       f"{batch}")
         if layer == 0:
             self.pool.extend(self.sequences, [new] * batch)
+        return self.sequences, [t * new for t in range(batch + 1)]
 
     def reset(self):
         for s in self.sequences:
@@ -464,8 +484,9 @@ class PagedCache(transformers.Cache):
 
 def _paged_attention(module, query, key, attention_mask, scaling, softcap, s_aux, **kwargs):
     """attention_forward for keys a PagedCache layer returned: the batch's rows as sequences of its
-    pool, each row's queries its newest tokens, left padding (the 2-D mask's) as key_starts."""
-    owner, layer = getattr(key, _PAGED)
+    pool, each row's queries its newest tokens, left padding (the 2-D mask's) as key_starts; or a
+    packed step's sequences (PagedCache.pack), bottom-right causal each."""
+    owner, layer, seqs, cu, step = getattr(key, _PAGED)
     if kwargs.get("output_attentions"):
         raise _core.ArgumentError("PagedCache: output_attentions=True is not supported (a paged call builds no weights)")
     known = _known_mask(attention_mask)
@@ -482,10 +503,10 @@ def _paged_attention(module, query, key, attention_mask, scaling, softcap, s_aux
                 "chunk_size": chunk}
     if s_aux is not None:
         variants["sinks"] = s_aux.detach().to(torch.float32).numpy()
-    starts = lengths.get("key_starts")
+    starts = None if step else lengths.get("key_starts")  # (a packed step's sequences are pack()'s, unpadded)
     q = query.detach().to(torch.float32).transpose(0, 1).reshape(1, heads, batch * length, dim).numpy()
-    out, _ = owner.pool.attend(layer, owner.sequences, q, [t * length for t in range(batch + 1)], scale=scaling,
-                               causal=causal, key_starts=None if starts is None else starts.numpy(), **variants)
+    out, _ = owner.pool.attend(layer, seqs, q, cu, scale=scaling, causal=causal if not step else True,
+                               key_starts=None if starts is None else starts.numpy(), **variants)
     out = torch.from_numpy(out).reshape(heads, batch, length, -1).to(query.dtype)
     return out.permute(1, 2, 0, 3).contiguous(), None
 

@@ -82,3 +82,42 @@ def test_reset_releases_the_pages_and_errors_are_named():
         generate(model, ids, mask, 3, small)
     with pytest.raises(TypeError, match="dtype: expected float32, bfloat16, float16 or int8"):
         mha.transformers.PagedCache(model.config, dtype="float64")
+
+
+def test_a_packed_step_of_a_prefill_and_decode_rows():
+    # PagedCache.pack: a serving engine's step, one packed row holding a 20-token prompt and a 7-token
+    # prompt, then a decode row of each and a third sequence's 30-token prompt, in one forward each;
+    # every token's logits against the same model run on each sequence alone in float64 (eager), the
+    # bar twice the error of that run in float32 (transformers' dynamic cache, mha's attention).
+    model = llama()
+    reference = llama()
+    reference.set_attn_implementation("eager")
+    reference = reference.double()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 97, (n,), generator=gen) for n in (20, 7, 30)]
+    nexts = [torch.randint(1, 97, (1,), generator=gen) for _ in range(2)]
+    cache = mha.transformers.PagedCache(model.config, dtype="float32", page_size=16)
+    a, b, c = (cache.pool.add() for _ in range(3))
+
+    def step(seqs, parts, starts):
+        ids = torch.cat(parts)[None]
+        positions = torch.cat([torch.arange(s, s + len(p)) for s, p in zip(starts, parts)])[None]
+        cache.pack(seqs, [len(p) for p in parts])
+        with torch.no_grad():
+            return model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True).logits[0]
+
+    first = step([a, b], prompts[:2], [0, 0])
+    second = step([a, b, c], [nexts[0], nexts[1], prompts[2]], [20, 7, 0])
+    assert [cache.pool.length(s) for s in (a, b, c)] == [21, 8, 30]
+    got = {0: torch.cat([first[:20], second[:1]]), 1: torch.cat([first[20:], second[1:2]]), 2: second[2:]}
+    whole = [torch.cat([prompts[0], nexts[0]]), torch.cat([prompts[1], nexts[1]]), prompts[2]]
+    for s, tokens in enumerate(whole):
+        with torch.no_grad():
+            exact = reference(input_ids=tokens[None]).logits[0]
+            own = model(input_ids=tokens[None]).logits[0].double()
+        bound = 2 * (own - exact).abs().max() + 1e-6
+        assert (got[s].double() - exact).abs().max() <= bound, f"sequence {s}"
+    with pytest.raises(mha.ArgumentError, match="PagedCache.pack: expected one row of 3 tokens, got 1 of 2"):
+        cache.pack([a], [3])
+        with torch.no_grad():
+            model(input_ids=nexts[0].repeat(2)[None], past_key_values=cache, use_cache=True)

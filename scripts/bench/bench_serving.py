@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""`make bench`, serving part: greedy generation of a Llama-shaped model (random weights) through
-transformers' generate() with mha.transformers.PagedCache in float32, bfloat16 and int8 pages,
-beside transformers' dynamic cache (attn_implementation="mha" for all), several seeds: how many
-of the greedy tokens each paged cache keeps equal to the float32 dynamic cache's, the largest
-difference of the logits over the steps both agree on, and tokens per second.
+"""`make bench`, serving part, a Llama-shaped model (random weights) on mha.transformers.PagedCache:
+1. greedy generation through transformers' generate() with float32, bfloat16 and int8 pages,
+   beside transformers' dynamic cache (attn_implementation="mha" for all), several seeds: how many
+   of the greedy tokens each paged cache keeps equal to the float32 dynamic cache's, the largest
+   difference of the logits over the steps both agree on, and tokens per second;
+2. a serving step at the model level: 32 sequences decoding a token each at 2048 tokens and a
+   512-token prefill chunk of a 2048-token prompt, as one packed forward (PagedCache.pack: one
+   paged attention call a layer) beside the same work as 33 forwards, tokens per second.
 
 Random weights give near-flat logits, where two candidates often lie within a rounding of each
 other: a divergence here says where the cache's rounding first decided a near tie, not that the
 model's output degraded (the logit differences say how large the rounding is).
 
-usage: bench_serving.py [--tokens N] [--seeds N]
+usage: bench_serving.py [--tokens N] [--seeds N] [--step-only]
 """
 from __future__ import annotations
 
@@ -35,13 +38,63 @@ def run(model, ids, tokens, cache):
         return out, time.perf_counter() - start
 
 
+def serving_step(dtype, repeats=3):
+    """Part 2: (one packed forward ms, 33 forwards ms) of the mixed step, medians over forks of the
+    prefilled sequences (each repeat runs on fresh forks, which share the prompts' pages)."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    model.set_attn_implementation("mha")
+    cache = mha.transformers.PagedCache(model.config, dtype=dtype, pages=33 * 9)
+    decodes, context, chunk = 32, 2048, 512
+    gen = torch.Generator().manual_seed(1)
+    seqs = [cache.pool.add() for _ in range(decodes + 1)]
+    lengths = [context - 1] * decodes + [context - chunk]
+
+    def forward(part_seqs, parts, starts):
+        cache.pack(part_seqs, [len(p) for p in parts])
+        positions = torch.cat([torch.arange(s, s + len(p)) for s, p in zip(starts, parts)])[None]
+        with torch.no_grad():
+            model(input_ids=torch.cat(parts)[None], position_ids=positions, past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+
+    for s, n in zip(seqs, lengths):  # the prompts, 2048 tokens a forward (not timed)
+        for start in range(0, n, 2048):
+            forward([s], [torch.randint(1, CONFIG["vocab_size"], (min(2048, n - start),), generator=gen)], [start])
+    step_tokens = [torch.randint(1, CONFIG["vocab_size"], (1,), generator=gen) for _ in range(decodes)]
+    step_tokens.append(torch.randint(1, CONFIG["vocab_size"], (chunk,), generator=gen))
+    times = {"one": [], "separate": []}
+    for _ in range(repeats):
+        for how in times:
+            forks = [cache.pool.fork(s) for s in seqs]
+            start = time.perf_counter()
+            if how == "one":
+                forward(forks, step_tokens, lengths)
+            else:
+                for f, t, n in zip(forks, step_tokens, lengths):
+                    forward([f], [t], [n])
+            times[how].append(time.perf_counter() - start)
+            for f in forks:
+                cache.pool.release(f)
+    return {how: sorted(t)[len(t) // 2] for how, t in times.items()}, decodes + chunk
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--step-only", action="store_true", help="only part 2")
     args = parser.parse_args()
     threads = mha.get_num_threads()
     torch.set_num_threads(threads)
+    print(f"A serving step: 32 decodes at 2048 tokens + a 512-token chunk of a 2048-token prompt, Llama-shaped "
+          f"(hidden 512, 4 layers, GQA 8/2, head_dim 64), {threads} threads")
+    for dtype in ("bfloat16", "int8"):
+        medians, tokens = serving_step(dtype)
+        print(f"  {dtype:>8} pages: one packed forward {medians['one'] * 1e3:8.1f} ms ({tokens / medians['one']:7.0f} "
+              f"tokens/s); as 33 forwards {medians['separate'] * 1e3:8.1f} ms ({tokens / medians['separate']:7.0f} "
+              f"tokens/s): {medians['separate'] / medians['one']:.2f}x", flush=True)
+    if args.step_only:
+        return
     print(f"greedy generation, Llama-shaped (hidden 512, 4 layers, GQA 8/2, head_dim 64, random weights), "
           f"{args.tokens} tokens after a 32-token prompt, {threads} threads")
     print(f"{'seed':>4} {'cache':>20} | {'equal tokens':>12} | {'max |Δlogit| while equal':>25} | {'tokens/s':>8}"
