@@ -367,7 +367,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 # ---------------------------------------------------------------------------------------------
 # A paged (and int8) KV cache for generate(): mha.PagedKVCache behind transformers' Cache.
 
-_PAGED = "_mha_paged"  # the attribute of the keys a PagedCache layer returns: (cache, layer)
+# The attribute of the keys a PagedCache layer returns: (cache, layer, its sequences this forward,
+# their cu_seqlens, whether the forward is a packed step).
+_PAGED = "_mha_paged"
 
 
 class _PagedLayer(transformers.cache_utils.CacheLayerMixin):
@@ -462,6 +464,7 @@ class PagedCache(transformers.Cache):
         if self._packed is not None:
             seqs, counts = self._packed
             if batch != 1 or new != sum(counts):
+                self._packed = None
                 raise _core.ArgumentError(f"PagedCache.pack: expected one row of {sum(counts)} tokens, got {batch} "
                                           f"of {new}")
             if layer == 0:
