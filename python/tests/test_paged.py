@@ -104,6 +104,21 @@ def test_flash_attn_with_kvcache_contiguous_cache_with_the_variants():
               reference(q[b], k_cache[b], v_cache[b], False, dtype=torch.float32), f"whole cache, row {b}")
 
 
+def test_flash_attn_with_kvcache_cache_leftpad():
+    # FlashAttention's cache_leftpad: sequence b's tokens are slots [leftpad[b], cache_seqlens[b]) of
+    # its cache row (a left-padded batch), the new token written at cache_seqlens[b].
+    B, Hq, Hkv, D, S = 2, 4, 2, 32, 64
+    k_cache, v_cache = torch.randn(B, S, Hkv, D), torch.randn(B, S, Hkv, D)
+    q, k, v = torch.randn(B, 1, Hq, D), torch.randn(B, 1, Hkv, D), torch.randn(B, 1, Hkv, D)
+    lengths, left = torch.tensor([20, 9], dtype=torch.int32), torch.tensor([5, 0], dtype=torch.int32)
+    out = mha.torch.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, cache_leftpad=left,
+                                            causal=True)
+    for b in range(B):
+        K, V = k_cache[b, int(left[b]):int(lengths[b]) + 1], v_cache[b, int(left[b]):int(lengths[b]) + 1]
+        assert torch.equal(K[-1], k[b, 0])
+        check(out[b], reference(q[b], K, V, True), reference(q[b], K, V, True, dtype=torch.float32), f"row {b}")
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_flash_attn_with_kvcache_rotary(interleaved):
     # FlashAttention's rotary on q and the new k at their positions (cache_seqlens + t, causal),
@@ -214,8 +229,8 @@ def test_paged_bad_arguments():
         f(q, k_cache, k_cache, cache_seqlens=5, block_table=torch.tensor([[7, 1]], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"options.key_lengths\[0\]: expected 1 to 32"):
         f(q, k_cache, k_cache, cache_seqlens=40, block_table=table)
-    with pytest.raises(ValueError, match="cache_leftpad: expected None"):
-        f(q, k_cache, k_cache, cache_seqlens=5, block_table=table, cache_leftpad=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"options.key_starts\[0\]: expected 0 to 5"):
+        f(q, k_cache, k_cache, cache_seqlens=5, block_table=table, cache_leftpad=torch.tensor([6], dtype=torch.int32))
     with pytest.raises(ValueError, match="k, v: expected both or neither"):
         f(q, k_cache, k_cache, k=torch.randn(1, 1, 2, 8), cache_seqlens=5, block_table=table)
     with pytest.raises(ValueError, match="cache_seqlens: expected 0 to 31"):

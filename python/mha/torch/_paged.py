@@ -112,16 +112,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache row of each sequence (no block_table). Then each query attends to its sequence's
     cache_seqlens + L_new tokens: causal and the window on the bottom-right diagonal, softcap,
     alibi_slopes ((Hq,) or (B, Hq)). The caches may be float32, bfloat16 or float16 (q any of
-    them: mha computes in float32). num_splits is FlashAttention's scheduling hint and is ignored.
-    cache_leftpad is not supported. Returns out (B, Lq, Hq, D) in q's dtype, and with
+    them: mha computes in float32). cache_leftpad (B,) int32: where each sequence's tokens begin
+    (left padding: the slots before it are seen by no query, and positions count from it).
+    num_splits is FlashAttention's scheduling hint and is ignored. Returns out (B, Lq, Hq, D) in
+    q's dtype, and with
     return_softmax_lse (out, softmax_lse (B, Hq, Lq) float32)."""
     _tensor_arg("q", q, "(batch, seqlen, nheads, headdim)", (torch.float32, torch.bfloat16, torch.float16))
     storage = (torch.float32, torch.bfloat16, torch.float16)
     _tensor_arg("k_cache", k_cache, "(batch_cache, seqlen_cache, nheads_k, headdim)", storage)
     _tensor_arg("v_cache", v_cache, "(batch_cache, seqlen_cache, nheads_k, headdim)", storage)
-    if cache_leftpad is not None:
-        raise _core.ArgumentError("cache_leftpad: expected None (mha's paged call does not take left padding), "
-                                  "got a tensor")
     if not isinstance(num_splits, numbers.Integral):
         raise _core.ArgumentTypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
     B, Lq = q.shape[0], q.shape[1]
@@ -172,9 +171,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k_cache[pages, slots] = k.to(k_cache.dtype)
             v_cache[pages, slots] = v.to(v_cache.dtype)
     cu = torch.arange(B + 1, dtype=torch.int64) * Lq
+    left = {} if cache_leftpad is None else {"key_starts": _lengths("cache_leftpad", cache_leftpad, B)}
     out = paged_attention(q.reshape(B * Lq, q.shape[2], q.shape[3]), k_cache, v_cache, table, cu, lengths + new,
                           softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                          alibi_slopes=alibi_slopes, return_softmax_lse=return_softmax_lse)
+                          alibi_slopes=alibi_slopes, return_softmax_lse=return_softmax_lse, **left)
     if return_softmax_lse:
         out, lse = out
         return out.reshape(B, Lq, *out.shape[1:]), lse.reshape(lse.shape[0], B, Lq).transpose(0, 1).contiguous()
