@@ -16,7 +16,8 @@
 #               (scripts/bench/bench_embed.py), then decode steps against a KV cache beside
 #               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
 #               paged and int8 caches and a mixed batch (mha bench --paged), greedy generation with
-#               paged caches (scripts/bench/bench_serving.py), then a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
+#               paged caches and continuous batching beside transformers' generate_batch
+#               (scripts/bench/bench_serving.py), then a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
 #               (scripts/bench/bench_variants.py), then SDPA in bfloat16 beside float32 and PyTorch's
 #               (scripts/bench/bench_bfloat16.py), then attention's tile products in bfloat16 beside
 #               float32 (mha bench --gemm), then models inside Hugging Face transformers

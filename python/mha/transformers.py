@@ -39,6 +39,7 @@ arguments mha has no setting for (a sparse indexer's `indices`, `block_indices`,
 caller built is applied as it is.
 """
 
+import inspect
 import sys
 import warnings
 
@@ -54,7 +55,7 @@ if int(transformers.__version__.split(".")[0]) < 5:  # the attention and mask in
     raise ImportError(f"mha.transformers needs transformers >= 5 (pip install \"mha[transformers]\"), "
                       f"got transformers {transformers.__version__}")
 
-__all__ = ["NAME", "register", "attention_forward", "attention_mask", "PagedCache"]
+__all__ = ["NAME", "register", "attention_forward", "attention_mask", "PagedCache", "generate_batch"]
 
 NAME = "mha"
 
@@ -483,6 +484,75 @@ class PagedCache(transformers.Cache):
         for s in self.sequences:
             self.pool.release(s)
         self.sequences = []
+
+
+def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_size=256, max_batch_tokens=512,
+                   pages=None, eos_token_id=None):
+    """Greedy generation for many prompts by continuous batching on mha's paged attention: every
+    step is one forward of one packed row (PagedCache.pack) holding a token of each decoding
+    request, then prompt chunks of the waiting ones in arrival order, up to `max_batch_tokens`
+    tokens (transformers' FIFO scheduler's order); a request whose prompt ends in a step yields
+    its first token there, a finished one gives its pages back at once. A request is admitted when
+    the pool has pages for its prompt and `max_new_tokens` (`pages`: by default every request's,
+    taken only where written). `model`: a causal LM with attn_implementation="mha". `inputs`: the
+    prompts as lists of token ids. Returns each prompt's generated tokens (a list of lists of int),
+    ending at `max_new_tokens` or after an `eos_token_id` (an int or a list). docs/transformers.md."""
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        raise _core.ArgumentError(f"generate_batch: expected a model with attn_implementation=\"mha\", got "
+                                  f"{getattr(model.config, '_attn_implementation', None)!r}")
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    prompts = []
+    for i, prompt in enumerate(inputs):
+        prompt = [int(t) for t in prompt]
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
+            raise _core.ArgumentError(f"inputs[{i}]: expected a non-empty list of token ids 0 to {vocab - 1}, got "
+                                      f"{len(prompt)} ids" + (f" from {min(prompt)} to {max(prompt)}" if prompt else ""))
+        prompts.append(prompt)
+    for name, value in (("max_new_tokens", max_new_tokens), ("max_batch_tokens", max_batch_tokens),
+                        ("page_size", page_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _core.ArgumentError(f"generate_batch: {name}: expected a positive int, got {value!r}")
+    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    need = [-(-(len(p) + max_new_tokens) // page_size) for p in prompts]  # pages each request may fill
+    pages = sum(need) if pages is None else pages
+    if need and max(need) > pages:
+        raise _core.ArgumentError(f"generate_batch: pages: expected at least {max(need)} (the longest prompt and "
+                                  f"max_new_tokens in pages of {page_size}), got {pages}")
+    cache = PagedCache(model.config, dtype=dtype, page_size=page_size, pages=max(pages, 1)) if prompts else None
+    # transformers 5.24 renamed the forward's past_key_values to cache
+    cache_name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    out = [[] for _ in prompts]
+    waiting, running, free = list(range(len(prompts))), [], pages  # running: [request, sequence, done]
+    with torch.no_grad():
+        while waiting or running:
+            while waiting and need[waiting[0]] <= free:  # admit in arrival order
+                free -= need[waiting[0]]
+                running.append([waiting.pop(0), cache.pool.add(), 0])
+            budget, step = max_batch_tokens, []  # (entry, tokens this step)
+            for entry in sorted(running, key=lambda e: e[2] < len(prompts[e[0]])):  # decodes, then prompts
+                if budget == 0:
+                    break
+                r, _, done = entry
+                todo = prompts[r][done:] if done < len(prompts[r]) else out[r][-1:]
+                step.append((entry, todo[:budget]))
+                budget -= len(step[-1][1])
+            ids = torch.tensor([t for _, tokens in step for t in tokens])[None]
+            positions = torch.cat([torch.arange(e[2], e[2] + len(t)) for e, t in step])[None]
+            ends = torch.tensor([len(t) for _, t in step]).cumsum(0) - 1
+            cache.pack([e[1] for e, _ in step], [len(t) for _, t in step])
+            logits = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=ends,
+                           **{cache_name: cache}).logits[0]
+            for (entry, tokens), row in zip(step, logits):
+                r = entry[0]
+                entry[2] += len(tokens)
+                if entry[2] < len(prompts[r]):  # a prompt's chunk short of its end: no token yet
+                    continue
+                out[r].append(int(row.argmax()))
+                if len(out[r]) == max_new_tokens or out[r][-1] in stops:
+                    cache.pool.release(entry[1])
+                    running.remove(entry)
+                    free += need[r]
+    return out
 
 
 def _paged_attention(module, query, key, attention_mask, scaling, softcap, s_aux, **kwargs):

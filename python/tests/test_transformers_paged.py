@@ -121,3 +121,70 @@ def test_a_packed_step_of_a_prefill_and_decode_rows():
         cache.pack([a], [3])
         with torch.no_grad():
             model(input_ids=nexts[0].repeat(2)[None], past_key_values=cache, use_cache=True)
+
+
+def reference_tokens(model, prompt, tokens):
+    """Greedy tokens of generate() on transformers' dynamic cache (mha's attention), and the smallest
+    gap between the two best logits over its steps."""
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    gap = min(float(s[0].double().topk(2).values.diff().abs()) for s in out.scores)
+    return out.sequences[0, len(prompt):].tolist(), gap
+
+
+@pytest.mark.parametrize("budget,page_size,pages", [(512, 256, None), (7, 16, None), (3, 4, None), (64, 16, 4)])
+def test_generate_batch_gives_each_prompts_own_tokens(budget, page_size, pages):
+    # Continuous batching on float32 pages: five prompts (1 to 40 tokens) run as packed steps of at
+    # most `budget` tokens (7 and 3 cut every prompt into chunks that share steps with other
+    # requests' decodes; pages of 4 cross a page every few tokens; 4 pages of 16 admit one request
+    # at a time) give each prompt's greedy tokens of generate() alone. The smallest gap between
+    # two best logits of the reference is asserted first, so that the tokens are decided far
+    # from float32's rounding (about 1e-6 here).
+    model = llama()
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (5, 23, 1, 40, 9)]
+    expected = [reference_tokens(model, p, 12) for p in prompts]
+    assert min(gap for _, gap in expected) > 1e-4
+    got = mha.transformers.generate_batch(model, prompts, 12, dtype="float32", page_size=page_size,
+                                          max_batch_tokens=budget, pages=pages)
+    assert got == [tokens for tokens, _ in expected]
+
+
+def test_generate_batch_stops_at_eos_and_reports_low_precision_pages():
+    model = llama()
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (5, 23, 1, 40, 9)]
+    full = mha.transformers.generate_batch(model, prompts, 12, dtype="float32")
+    eos = full[0][3]
+    stopped = mha.transformers.generate_batch(model, prompts, 12, dtype="float32", eos_token_id=[eos, 96])
+    for tokens, whole in zip(stopped, full):  # each up to and with its first eos, or all 12
+        ends = [i for i, t in enumerate(whole) if t in (eos, 96)]
+        assert tokens == whole[:ends[0] + 1 if ends else 12]
+    assert len(stopped[0]) < 12
+    for dtype in ("bfloat16", "int8"):
+        got = mha.transformers.generate_batch(model, prompts, 12, dtype=dtype, page_size=16, max_batch_tokens=9)
+        assert [len(t) for t in got] == [12] * 5
+        print(f"{dtype} pages: tokens equal to float32's before the first difference:",
+              [next((i for i, (a, b) in enumerate(zip(g, f)) if a != b), 12) for g, f in zip(got, full)])
+
+
+def test_generate_batch_errors_are_named():
+    model = llama()
+    run = mha.transformers.generate_batch
+    assert run(model, [], 3) == []
+    with pytest.raises(mha.ArgumentError, match=r"inputs\[1\]: expected a non-empty list of token ids 0 to 96, "
+                                                r"got 0 ids"):
+        run(model, [[1, 2], []], 3)
+    with pytest.raises(mha.ArgumentError, match=r"inputs\[0\]: expected .* 0 to 96, got 2 ids from 1 to 97"):
+        run(model, [[1, 97]], 3)
+    with pytest.raises(mha.ArgumentError, match="max_new_tokens: expected a positive int, got 0"):
+        run(model, [[1]], 0)
+    with pytest.raises(mha.ArgumentError, match="max_batch_tokens: expected a positive int, got 2.5"):
+        run(model, [[1]], 3, max_batch_tokens=2.5)
+    with pytest.raises(mha.ArgumentError, match=r"pages: expected at least 2 \(the longest prompt and max_new_tokens "
+                                                r"in pages of 16\), got 1"):
+        run(model, [[1] * 20], 3, page_size=16, pages=1)
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(mha.ArgumentError, match="expected a model with attn_implementation=\"mha\", got 'sdpa'"):
+        run(model, [[1]], 3)

@@ -12,7 +12,7 @@ Random weights give near-flat logits, where two candidates often lie within a ro
 other: a divergence here says where the cache's rounding first decided a near tie, not that the
 model's output degraded (the logit differences say how large the rounding is).
 
-usage: bench_serving.py [--tokens N] [--seeds N] [--step-only]
+usage: bench_serving.py [--tokens N] [--seeds N] [--parts 1,2,3] [--requests N]
 """
 from __future__ import annotations
 
@@ -78,43 +78,107 @@ def serving_step(dtype, repeats=3):
     return {how: sorted(t)[len(t) // 2] for how, t in times.items()}, decodes + chunk
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--step-only", action="store_true", help="only part 2")
-    args = parser.parse_args()
-    threads = mha.get_num_threads()
-    torch.set_num_threads(threads)
-    print(f"A serving step: 32 decodes at 2048 tokens + a 512-token chunk of a 2048-token prompt, Llama-shaped "
-          f"(hidden 512, 4 layers, GQA 8/2, head_dim 64), {threads} threads")
-    for dtype in ("bfloat16", "int8"):
-        medians, tokens = serving_step(dtype)
-        print(f"  {dtype:>8} pages: one packed forward {medians['one'] * 1e3:8.1f} ms ({tokens / medians['one']:7.0f} "
-              f"tokens/s); as 33 forwards {medians['separate'] * 1e3:8.1f} ms ({tokens / medians['separate']:7.0f} "
-              f"tokens/s): {medians['separate'] / medians['one']:.2f}x", flush=True)
-    if args.step_only:
-        return
+def continuous_batching(requests, prompt, new, budget):
+    """Part 3: {engine: (seconds, generated tokens, median steady forward s, tokens)}."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, CONFIG["vocab_size"], (prompt,), generator=gen).tolist() for _ in range(requests)]
+    steady = []  # the forwards of 32 decodes (positions past the prompt) and a chunk, filling the budget
+    forward = model.forward
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        result = forward(*args, **kwargs)
+        positions = kwargs.get("position_ids")
+        if positions is not None and positions.numel() == budget and int((positions >= prompt).sum()) == budget - 512:
+            steady.append(time.perf_counter() - start)
+        return result
+
+    model.forward = timed
+    results = {}
+    for engine in ("transformers sdpa", "mha float32", "mha bfloat16", "mha int8"):
+        steady.clear()
+        start = time.perf_counter()
+        if engine.startswith("transformers"):
+            model.set_attn_implementation("sdpa")
+            settings = ContinuousBatchingConfig(page_size=256, max_batch_tokens=budget, max_requests_per_batch=requests,
+                                                num_blocks=requests * -(-(prompt + new) // 256))
+            out = model.generate_batch(prompts, GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None,
+                                                                 pad_token_id=0),
+                                       continuous_batching_config=settings, warmup=False)
+            tokens = [out[f"req_{i}"].generated_tokens for i in range(requests)]
+        else:
+            model.set_attn_implementation("mha")
+            tokens = mha.transformers.generate_batch(model, prompts, new, dtype=engine.split()[1],
+                                                     max_batch_tokens=budget)
+        seconds = time.perf_counter() - start
+        middle = sorted(steady)[len(steady) // 2] if steady else float("nan")
+        results[engine] = (seconds, sum(map(len, tokens)), middle, tokens)
+        yield engine, results
+
+
+def greedy_agreement(tokens, seeds, threads):
+    """Part 1."""
     print(f"greedy generation, Llama-shaped (hidden 512, 4 layers, GQA 8/2, head_dim 64, random weights), "
-          f"{args.tokens} tokens after a 32-token prompt, {threads} threads")
+          f"{tokens} tokens after a 32-token prompt, {threads} threads")
     print(f"{'seed':>4} {'cache':>20} | {'equal tokens':>12} | {'max |Δlogit| while equal':>25} | {'tokens/s':>8}"
           f" (median gap of the two best float32 logits)")
-    for seed in range(args.seeds):
+    for seed in range(seeds):
         torch.manual_seed(seed)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
         model.set_attn_implementation("mha")
         ids = torch.randint(1, CONFIG["vocab_size"], (1, 32), generator=torch.Generator().manual_seed(100 + seed))
-        exact, seconds = run(model, ids, args.tokens, None)
+        exact, seconds = run(model, ids, tokens, None)
         gap = torch.stack([s[0].double().topk(2).values for s in exact.scores]).diff(dim=1).abs().median()
-        print(f"{seed:>4} {'dynamic float32':>20} | {'-':>12} | {'-':>25} | {args.tokens / seconds:8.1f} "
+        print(f"{seed:>4} {'dynamic float32':>20} | {'-':>12} | {'-':>25} | {tokens / seconds:8.1f} "
               f"({float(gap):.2e})")
         for dtype in ("float32", "bfloat16", "int8"):
-            got, seconds = run(model, ids, args.tokens, mha.transformers.PagedCache(model.config, dtype=dtype))
+            got, seconds = run(model, ids, tokens, mha.transformers.PagedCache(model.config, dtype=dtype))
             differs = (got.sequences[0, 32:] != exact.sequences[0, 32:]).nonzero()
-            equal = int(differs[0]) if len(differs) else args.tokens
+            equal = int(differs[0]) if len(differs) else tokens
             worst = max((float((a - b).abs().max()) for a, b in zip(got.scores[:equal + 1], exact.scores)), default=0.0)
-            print(f"{seed:>4} {'paged ' + dtype:>20} | {equal:>5} of {args.tokens:<4} | {worst:25.3e} | "
-                  f"{args.tokens / seconds:8.1f}", flush=True)
+            print(f"{seed:>4} {'paged ' + dtype:>20} | {equal:>5} of {tokens:<4} | {worst:25.3e} | "
+                  f"{tokens / seconds:8.1f}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256, help="part 1's greedy tokens")
+    parser.add_argument("--seeds", type=int, default=4, help="part 1's seeds")
+    parser.add_argument("--parts", default="1,2,3", help="which parts, e.g. 2,3")
+    parser.add_argument("--requests", type=int, default=48, help="part 3's requests")
+    args = parser.parse_args()
+    parts = {int(p) for p in args.parts.split(",")}
+    threads = mha.get_num_threads()
+    torch.set_num_threads(threads)
+    if 1 in parts:
+        greedy_agreement(args.tokens, args.seeds, threads)
+    if 2 in parts:
+        print(f"A serving step: 32 decodes at 2048 tokens + a 512-token chunk of a 2048-token prompt, Llama-shaped "
+              f"(hidden 512, 4 layers, GQA 8/2, head_dim 64), {threads} threads")
+        for dtype in ("bfloat16", "int8"):
+            medians, tokens = serving_step(dtype)
+            print(f"  {dtype:>8} pages: one packed forward {medians['one'] * 1e3:8.1f} ms ({tokens / medians['one']:7.0f} "
+                  f"tokens/s); as 33 forwards {medians['separate'] * 1e3:8.1f} ms "
+                  f"({tokens / medians['separate']:7.0f} tokens/s): {medians['separate'] / medians['one']:.2f}x",
+                  flush=True)
+    if 3 in parts:
+        prompt, new, budget = 2048, 128, 544
+        print(f"Continuous batching: {args.requests} requests of {prompt}-token prompts, {new} greedy tokens each, "
+              f"{budget} tokens a step (FIFO), Llama-shaped (hidden 512, 4 layers, GQA 8/2), {threads} threads")
+        print(f"  {'engine':>18} | {'seconds':>8} | {'generated/s':>11} | {'all tokens/s':>12} | {'steady step ms':>14} | "
+              f"requests equal to transformers'")
+        for engine, results in continuous_batching(args.requests, prompt, new, budget):
+            seconds, generated, middle, tokens = results[engine]
+            first = next(iter(results.values()))
+            equal = sum(a == b for a, b in zip(tokens, first[3]))
+            ratio = f" ({first[0] / seconds:.1f}x)" if results[engine] is not first else ""
+            print(f"  {engine:>18} | {seconds:8.1f} | {generated / seconds:11.1f} | "
+                  f"{(generated + args.requests * prompt) / seconds:12.0f} | {middle * 1e3:14.1f} | "
+                  f"{equal} of {args.requests}{ratio}", flush=True)
 
 
 if __name__ == "__main__":
