@@ -282,6 +282,18 @@ void decode_chunk(const Problem& p, const ScoreAdditions<T>& additions, const Fo
     const bool prefetch_k = keys_prefetched() && next0 + static_cast<int64_t>(cols) <= j_end &&
                             a.key.run(next0) >= static_cast<int64_t>(cols) && k.rows && n.Dqk == n.Dv;
     const Kv* next_keys = prefetch_k ? a.key.row(b, kv, next0) : nullptr;
+    // int8: the next block's scales too, which lie in the next page apart from its rows, a run of
+    // one line per 16 keys too short for the hardware prefetcher to start on (Zen 5, 2 threads,
+    // B 8, S 8 192, Hkv 8, in turns: pages of 256 5.45 → 5.37 ms, pages of 1 024 4.73 → 4.42).
+    if constexpr (quantized)
+      if (next0 < j_end)
+        for (const Rows<const float>* scales : {&a.key_scales, &a.value_scales})
+          if (scales->stride_row == 1) {
+            const auto* first = reinterpret_cast<const char*>(scales->row(b, kv, next0));
+            const int64_t count = std::min<int64_t>({static_cast<int64_t>(Bc), j_end - next0, scales->run(next0)});
+            for (int64_t byte = 0; byte < count * static_cast<int64_t>(sizeof(float)); byte += 64)
+              __builtin_prefetch(first + byte, /*rw=*/0, /*locality=*/2);
+          }
     for (size_t r0 = 0; r0 < n.R; r0 += Rb) {
       const size_t rows = std::min(Rb, n.R - r0);
       const bool prefetch_v = r0 == 0 && v.rows && n.dq == n.dv;
