@@ -503,22 +503,26 @@ def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_s
     vocab = model.config.get_text_config(decoder=True).vocab_size
     prompts = []
     for i, prompt in enumerate(inputs):
-        prompt = [int(t) for t in prompt]
+        try:
+            prompt = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise _core.ArgumentError(f"inputs[{i}]: expected a list of token ids, got a {type(prompt).__name__} "
+                                      f"that is not one") from None
         if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
             raise _core.ArgumentError(f"inputs[{i}]: expected a non-empty list of token ids 0 to {vocab - 1}, got "
                                       f"{len(prompt)} ids" + (f" from {min(prompt)} to {max(prompt)}" if prompt else ""))
         prompts.append(prompt)
     for name, value in (("max_new_tokens", max_new_tokens), ("max_batch_tokens", max_batch_tokens),
-                        ("page_size", page_size)):
+                        ("page_size", page_size), ("pages", 1 if pages is None else pages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise _core.ArgumentError(f"generate_batch: {name}: expected a positive int, got {value!r}")
     stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     need = [-(-(len(p) + max_new_tokens) // page_size) for p in prompts]  # pages each request may fill
-    pages = sum(need) if pages is None else pages
+    pages = sum(need) or 1 if pages is None else pages
     if need and max(need) > pages:
         raise _core.ArgumentError(f"generate_batch: pages: expected at least {max(need)} (the longest prompt and "
                                   f"max_new_tokens in pages of {page_size}), got {pages}")
-    cache = PagedCache(model.config, dtype=dtype, page_size=page_size, pages=max(pages, 1)) if prompts else None
+    cache = PagedCache(model.config, dtype=dtype, page_size=page_size, pages=pages) if prompts else None
     # transformers 5.24 renamed the forward's past_key_values to cache
     cache_name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     out = [[] for _ in prompts]

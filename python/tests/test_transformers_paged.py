@@ -178,6 +178,12 @@ def test_generate_batch_errors_are_named():
         run(model, [[1, 2], []], 3)
     with pytest.raises(mha.ArgumentError, match=r"inputs\[0\]: expected .* 0 to 96, got 2 ids from 1 to 97"):
         run(model, [[1, 97]], 3)
+    with pytest.raises(mha.ArgumentError, match=r"inputs\[0\]: expected a list of token ids, got a str that is not one"):
+        run(model, ["a b"], 3)
+    with pytest.raises(mha.ArgumentError, match="pages: expected a positive int, got 0"):
+        run(model, [[1]], 3, pages=0)
+    with pytest.raises(TypeError, match="dtype: expected float32, bfloat16, float16 or int8"):
+        run(model, [[1]], 3, dtype="float64")
     with pytest.raises(mha.ArgumentError, match="max_new_tokens: expected a positive int, got 0"):
         run(model, [[1]], 0)
     with pytest.raises(mha.ArgumentError, match="max_batch_tokens: expected a positive int, got 2.5"):
