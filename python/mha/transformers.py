@@ -40,6 +40,7 @@ caller built is applied as it is.
 """
 
 import inspect
+import numbers
 import sys
 import warnings
 
@@ -487,16 +488,19 @@ class PagedCache(transformers.Cache):
 
 
 def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_size=256, max_batch_tokens=512,
-                   pages=None, eos_token_id=None):
-    """Greedy generation for many prompts by continuous batching on mha's paged attention: every
+                   pages=None, eos_token_id=None, do_sample=False, temperature=1.0, top_k=None, top_p=None,
+                   generator=None):
+    """Generation for many prompts by continuous batching on mha's paged attention: every
     step is one forward of one packed row (PagedCache.pack) holding a token of each decoding
     request, then prompt chunks of the waiting ones in arrival order, up to `max_batch_tokens`
     tokens (transformers' FIFO scheduler's order); a request whose prompt ends in a step yields
     its first token there, a finished one gives its pages back at once. A request is admitted when
     the pool has pages for its prompt and `max_new_tokens` (`pages`: by default every request's,
     taken only where written). `model`: a causal LM with attn_implementation="mha". `inputs`: the
-    prompts as lists of token ids. Returns each prompt's generated tokens (a list of lists of int),
-    ending at `max_new_tokens` or after an `eos_token_id` (an int or a list). docs/transformers.md."""
+    prompts as lists of token ids. Greedy, or with `do_sample` drawn from the softmax of the logits
+    after transformers' temperature, top-k and top-p warpers (`generator`: a torch.Generator for
+    repeatable draws). Returns each prompt's generated tokens (a list of lists of int), ending at
+    `max_new_tokens` or after an `eos_token_id` (an int or a list). docs/transformers.md."""
     if getattr(model.config, "_attn_implementation", None) != NAME:
         raise _core.ArgumentError(f"generate_batch: expected a model with attn_implementation=\"mha\", got "
                                   f"{getattr(model.config, '_attn_implementation', None)!r}")
@@ -516,6 +520,24 @@ def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_s
                         ("page_size", page_size), ("pages", 1 if pages is None else pages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise _core.ArgumentError(f"generate_batch: {name}: expected a positive int, got {value!r}")
+    warpers = []
+    if do_sample:
+        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                             TopPLogitsWarper)
+        for name, value, kind in (("temperature", temperature, numbers.Real), ("top_k", top_k, numbers.Integral),
+                                  ("top_p", top_p, numbers.Real)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise _core.ArgumentError(f"generate_batch: {name}: expected {what}, got {value!r}")
+        try:  # the warpers check their settings ("`temperature` (=0) has to be a strictly positive float, ...")
+            if temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(temperature))
+            if top_k is not None:
+                warpers.append(TopKLogitsWarper(top_k))
+            if top_p is not None:
+                warpers.append(TopPLogitsWarper(top_p))
+        except ValueError as e:
+            raise _core.ArgumentError(f"generate_batch: {e}") from None
     stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     need = [-(-(len(p) + max_new_tokens) // page_size) for p in prompts]  # pages each request may fill
     pages = sum(need) or 1 if pages is None else pages
@@ -546,12 +568,18 @@ def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_s
             cache.pack([e[1] for e, _ in step], [len(t) for _, t in step])
             logits = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=ends,
                            **{cache_name: cache}).logits[0]
-            for (entry, tokens), row in zip(step, logits):
+            if do_sample:
+                for warp in warpers:  # (they read no input ids)
+                    logits = warp(None, logits)
+                chosen = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)[:, 0]
+            else:
+                chosen = logits.argmax(dim=-1)
+            for (entry, tokens), token in zip(step, chosen.tolist()):
                 r = entry[0]
                 entry[2] += len(tokens)
                 if entry[2] < len(prompts[r]):  # a prompt's chunk short of its end: no token yet
                     continue
-                out[r].append(int(row.argmax()))
+                out[r].append(token)
                 if len(out[r]) == max_new_tokens or out[r][-1] in stops:
                     cache.pool.release(entry[1])
                     running.remove(entry)

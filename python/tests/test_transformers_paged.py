@@ -194,3 +194,39 @@ def test_generate_batch_errors_are_named():
     model.set_attn_implementation("sdpa")
     with pytest.raises(mha.ArgumentError, match="expected a model with attn_implementation=\"mha\", got 'sdpa'"):
         run(model, [[1]], 3)
+
+
+def test_generate_batch_samples_from_the_warped_softmax():
+    # do_sample: the first token of a prompt drawn 4000 times (one request each, continuous
+    # batching's steps of 512 tokens) against the softmax of generate()'s own first logits after
+    # temperature 0.7 and top-k 5 (PyTorch's softmax over transformers' warped scores): every
+    # frequency within 4.5 standard deviations of its probability, tokens outside the top 5 never
+    # drawn. The output layer is scaled by 20 (random weights give logits within 0.15 of each
+    # other, where any temperature looks uniform), so that the top 5 span about 3. A seeded
+    # generator repeats the draws; top_k 1 is greedy.
+    model = llama()
+    with torch.no_grad():
+        model.lm_head.weight *= 20
+    prompt = [3, 14, 15, 92, 65]
+    with torch.no_grad():
+        first = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=1, do_sample=False, pad_token_id=0,
+                               output_logits=True, return_dict_in_generate=True).logits[0][0].double()
+    top = first.topk(5)
+    probability = torch.zeros(97, dtype=torch.float64)
+    probability[top.indices] = torch.softmax(top.values / 0.7, dim=0)
+    draws = 4000
+    got = mha.transformers.generate_batch(model, [prompt] * draws, 1, dtype="float32", do_sample=True,
+                                          temperature=0.7, top_k=5, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(torch.tensor([t[0] for t in got]), minlength=97).double()
+    assert counts[probability == 0].sum() == 0
+    sigma = (draws * probability * (1 - probability)).sqrt()
+    assert ((counts - draws * probability).abs() <= 4.5 * sigma + 1e-9).all(), (counts[top.indices], draws * probability[top.indices])
+    again = [mha.transformers.generate_batch(model, [prompt, [7, 8]], 6, dtype="float32", do_sample=True, top_p=0.9,
+                                             generator=torch.Generator().manual_seed(1)) for _ in range(2)]
+    assert again[0] == again[1]
+    assert mha.transformers.generate_batch(model, [prompt], 6, dtype="float32", do_sample=True, top_k=1) == \
+        mha.transformers.generate_batch(model, [prompt], 6, dtype="float32")
+    with pytest.raises(mha.ArgumentError, match=r"temperature` \(=0.0\) has to be a strictly positive float"):
+        mha.transformers.generate_batch(model, [prompt], 2, do_sample=True, temperature=0.0)
+    with pytest.raises(mha.ArgumentError, match="top_k: expected an integer, got 'x'"):
+        mha.transformers.generate_batch(model, [prompt], 2, do_sample=True, top_k="x")
