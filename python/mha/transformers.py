@@ -538,7 +538,11 @@ def generate_batch(model, inputs, max_new_tokens=20, *, dtype="bfloat16", page_s
                 warpers.append(TopPLogitsWarper(top_p))
         except ValueError as e:
             raise _core.ArgumentError(f"generate_batch: {e}") from None
-    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
+        raise _core.ArgumentError(f"generate_batch: eos_token_id: expected a token id or a list of them, got "
+                                  f"{eos_token_id!r}")
+    stops = set(stops)
     need = [-(-(len(p) + max_new_tokens) // page_size) for p in prompts]  # pages each request may fill
     pages = sum(need) or 1 if pages is None else pages
     if need and max(need) > pages:

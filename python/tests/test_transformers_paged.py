@@ -180,6 +180,8 @@ def test_generate_batch_errors_are_named():
         run(model, [[1, 97]], 3)
     with pytest.raises(mha.ArgumentError, match=r"inputs\[0\]: expected a list of token ids, got a str that is not one"):
         run(model, ["a b"], 3)
+    with pytest.raises(mha.ArgumentError, match=r"eos_token_id: expected a token id or a list of them, got \['x'\]"):
+        run(model, [[1]], 3, eos_token_id=["x"])
     with pytest.raises(mha.ArgumentError, match="pages: expected a positive int, got 0"):
         run(model, [[1]], 3, pages=0)
     with pytest.raises(TypeError, match="dtype: expected float32, bfloat16, float16 or int8"):
