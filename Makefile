@@ -8,7 +8,7 @@
 #   make test-sanitize  the same in build-asan/ with AddressSanitizer + UBSan (MHA_SANITIZE)
 #   make fuzz   builds the libFuzzer targets with clang (build-fuzz/) and runs each for
 #               FUZZ_SECONDS (default 600); FUZZ_TARGETS picks some, FUZZ_JOBS runs several at once
-#   make demo   deps + build + the Python package + a tour in nine parts (scripts/demo.sh);
+#   make demo   deps + build + the Python package + a tour in ten parts (scripts/demo.sh);
 #               pictures in build/demo/
 #   make bench  attention speed and memory beside PyTorch / ONNX Runtime (scripts/bench/bench.py),
 #               then the Python package's SDPA beside PyTorch's (scripts/bench/bench_python.py),
@@ -17,8 +17,9 @@
 #               PyTorch's SDPA and the machine's read bandwidth (scripts/bench/bench_decode.py), then
 #               paged and int8 caches and a mixed batch (mha bench --paged), greedy generation with
 #               paged caches and continuous batching beside transformers' generate_batch
-#               (scripts/bench/bench_serving.py), then a sliding window beside dense causal, PyTorch's SDPA with the mask and FlexAttention
-#               (scripts/bench/bench_variants.py), then SDPA in bfloat16 beside float32 and PyTorch's
+#               (scripts/bench/bench_serving.py), then a sliding window beside dense causal,
+#               PyTorch's SDPA with the mask and FlexAttention (scripts/bench/bench_variants.py),
+#               then SDPA in bfloat16 beside float32 and PyTorch's
 #               (scripts/bench/bench_bfloat16.py), then attention's tile products in bfloat16 beside
 #               float32 (mha bench --gemm), then models inside Hugging Face transformers
 #               (scripts/bench/bench_transformers.py), then context-parallel attention under mpirun
@@ -110,8 +111,8 @@ demo: deps model build python-package
 # Speed: mha's attention beside PyTorch and ONNX Runtime when their pip packages are installed.
 # Then the Python package: mha.torch's SDPA beside PyTorch's (scripts/bench/bench_python.py), and
 # sentence embeddings (bench_embed.py), decode against a KV cache (bench_decode.py), paged caches
-# (mha bench --paged, bench_serving.py), the attention
-# variants (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm),
+# and continuous batching (mha bench --paged, bench_serving.py), the attention variants
+# (bench_variants.py), bfloat16 SDPA (bench_bfloat16.py), the bf16 tile products (mha bench --gemm),
 # models inside Hugging Face transformers (bench_transformers.py) and context-parallel attention
 # under mpirun (bench_distributed.sh). The peers are installed into .venv first.
 bench: TARGETS = mha_cli

@@ -3,7 +3,7 @@
 # encoder (all-MiniLM-L6-v2) ranking sentences, generation with a KV cache, mha from Python, the
 # attention variants models use (window, soft-cap, sinks, ALiBi, packed sequences), all-MiniLM-L6-v2 inside
 # Hugging Face transformers (attn_implementation="mha" beside "sdpa"), serving (paged and int8
-# caches, a mixed batch in one call, generate() on paged pages), then one attention call
+# caches, a mixed batch in one call, generate() on paged pages, continuous batching), then one attention call
 # split across four processes (MPI, when built with it). Each example prints
 # the shape of every stage and checks itself against the plain formula (exit 1 on a mismatch);
 # the attention pictures go to build/demo/.
@@ -40,7 +40,7 @@ section "7/10  The variants models use: sliding window, soft-cap, sinks, ALiBi, 
 section "8/10  Inside Hugging Face transformers: all-MiniLM-L6-v2 with attn_implementation=\"mha\" beside \"sdpa\" (examples/python/transformers_minilm.py)"
 "${PYTHON:-.venv/bin/python}" examples/python/transformers_minilm.py
 
-section "9/10  Serving: a paged int8 cache, a prefill chunk and decode rows in one call, generate() on paged pages (examples/python/serving.py)"
+section "9/10  Serving: a paged int8 cache, a prefill chunk and decode rows in one call, generate() on paged pages, continuous batching (examples/python/serving.py)"
 "${PYTHON:-.venv/bin/python}" examples/python/serving.py
 
 section "10/10  Across processes: one causal attention call split over 4 MPI ranks (ring and Ulysses), checked"

@@ -9,7 +9,7 @@ import numpy as np
 from . import _core, _mha, _threads
 from ._fields import ArgumentTypeError
 
-_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8": "int8"}
+_NAMES = ("float32", "bfloat16", "float16", "int8")
 
 
 def _dtype_name(dtype):

@@ -30,6 +30,14 @@ CONFIG = dict(vocab_size=2048, hidden_size=512, intermediate_size=1408, num_hidd
               num_key_value_heads=2, max_position_embeddings=4096)
 
 
+def llama(seed, attention="mha"):
+    """The Llama-shaped model of every part (HF's initialisation from `seed`)."""
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    model.set_attn_implementation(attention)
+    return model
+
+
 def run(model, ids, tokens, cache):
     with torch.no_grad():
         start = time.perf_counter()
@@ -41,9 +49,7 @@ def run(model, ids, tokens, cache):
 def serving_step(dtype, repeats=3):
     """Part 2: (one packed forward ms, 33 forwards ms) of the mixed step, medians over forks of the
     prefilled sequences (each repeat runs on fresh forks, which share the prompts' pages)."""
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
-    model.set_attn_implementation("mha")
+    model = llama(0)
     cache = mha.transformers.PagedCache(model.config, dtype=dtype, pages=33 * 9)
     decodes, context, chunk = 32, 2048, 512
     gen = torch.Generator().manual_seed(1)
@@ -82,8 +88,7 @@ def continuous_batching(requests, prompt, new, budget):
     """Part 3: {engine: (seconds, generated tokens, median steady forward s, tokens)}."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    model = llama(0)
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(1, CONFIG["vocab_size"], (prompt,), generator=gen).tolist() for _ in range(requests)]
     steady = []  # the forwards of 32 decodes (positions past the prompt) and a chunk, filling the budget
@@ -127,9 +132,7 @@ def greedy_agreement(tokens, seeds, threads):
     print(f"{'seed':>4} {'cache':>20} | {'equal tokens':>12} | {'max |Δlogit| while equal':>25} | {'tokens/s':>8}"
           f" (median gap of the two best float32 logits)")
     for seed in range(seeds):
-        torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
-        model.set_attn_implementation("mha")
+        model = llama(seed)
         ids = torch.randint(1, CONFIG["vocab_size"], (1, 32), generator=torch.Generator().manual_seed(100 + seed))
         exact, seconds = run(model, ids, tokens, None)
         gap = torch.stack([s[0].double().topk(2).values for s in exact.scores]).diff(dim=1).abs().median()

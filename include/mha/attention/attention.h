@@ -133,8 +133,8 @@ struct PagedKv {
 // bottom_right), scale, window, softcap, chunk_size, sinks, alibi_slopes ((Hq), or (N, Hq): one
 // row per sequence) and key_starts ((N): left padding, a sequence's tokens before it seen by no
 // query, its positions counted from it, and its queries before it padding: they see nothing and
-// give 0); not masks, dropout, weights, query_lengths,
-// cu_seqlens_k or whole_call (mha::Error naming the one given).
+// give 0); not masks, dropout, weights, query_lengths, cu_seqlens_k or whole_call (mha::Error
+// naming the one given).
 // Backends: automatic runs the sequences of at most 16 queries on decode, those of each query
 // count together (tasks of (sequence, kv head, chunk of keys) over the pages), and each longer
 // one (a prefill chunk) on cpu_flash, one kv head at a time over a contiguous copy of that

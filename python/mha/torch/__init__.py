@@ -15,7 +15,8 @@ autograd works and torch.compile(fullgraph=True) keeps them in one graph. FlashA
 functions are _flash.py's, and _paged.py's over KV caches (flash_attn_with_kvcache, and
 paged_attention: paged float and int8 caches, prefill chunks and decode rows in one call). They
 run mha's C++ kernels on the tensors' own memory: a CPU tensor is viewed as a numpy array
-(Tensor.numpy(), no copy) and goes through the same code as the numpy API (mha/_core.py). mha is not linked against libtorch, so one build works with any PyTorch >= 2.4.
+(Tensor.numpy(), no copy) and goes through the same code as the numpy API (mha/_core.py). mha is
+not linked against libtorch, so one build works with any PyTorch >= 2.4.
 
 Attention and nn.MultiheadAttention take float32, float64, float16 and bfloat16 tensors (bfloat16
 read in place as ml_dtypes.bfloat16 arrays). Inputs mha does not take (another device, nested or

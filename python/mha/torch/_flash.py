@@ -78,7 +78,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise _core.ArgumentError(f"dropout_p: expected 0 with a block_table (a paged call has no dropout), "
                                       f"got {dropout_p}")
         if not isinstance(cu_seqlens_k, Tensor) or cu_seqlens_k.dim() != 1:
-            raise _core.ArgumentTypeError("cu_seqlens_k: expected a 1-D int32 or int64 tensor of N + 1 offsets")
+            raise _core.ArgumentTypeError(f"cu_seqlens_k: expected a 1-D int32 or int64 tensor of N + 1 offsets, got "
+                                          f"{_layout._shape(tuple(cu_seqlens_k.shape)) if isinstance(cu_seqlens_k, Tensor) else type(cu_seqlens_k).__name__}")
         out = paged_attention(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k[1:] - cu_seqlens_k[:-1],
                               softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                               alibi_slopes=alibi_slopes, return_softmax_lse=return_attn_probs, **variants)

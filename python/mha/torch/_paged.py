@@ -115,8 +115,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     them: mha computes in float32). cache_leftpad (B,) int32: where each sequence's tokens begin
     (left padding: the slots before it are seen by no query, and positions count from it).
     num_splits is FlashAttention's scheduling hint and is ignored. Returns out (B, Lq, Hq, D) in
-    q's dtype, and with
-    return_softmax_lse (out, softmax_lse (B, Hq, Lq) float32)."""
+    q's dtype, and with return_softmax_lse (out, softmax_lse (B, Hq, Lq) float32)."""
     _tensor_arg("q", q, "(batch, seqlen, nheads, headdim)", (torch.float32, torch.bfloat16, torch.float16))
     storage = (torch.float32, torch.bfloat16, torch.float16)
     _tensor_arg("k_cache", k_cache, "(batch_cache, seqlen_cache, nheads_k, headdim)", storage)
