@@ -246,6 +246,11 @@ def test_paged_bad_arguments():
     with pytest.raises(ValueError, match="rotary_cos: rotary embedding is applied only with k and v"):
         f(q, k_cache, k_cache, rotary_cos=torch.ones(4, 2), rotary_sin=torch.ones(4, 2), cache_seqlens=5,
           block_table=table)
+    with pytest.raises(TypeError, match=r"k_cache: expected a CPU tensor mha can read, got tensors on meta"):
+        f(q, k_cache.to("meta"), k_cache, cache_seqlens=5, block_table=table)
+    with pytest.raises(TypeError, match=r"block_table: expected a CPU tensor mha can read, got a layout other than "
+                                        r"strided"):
+        f(q, k_cache, k_cache, cache_seqlens=5, block_table=table.to_sparse())
     p = mha.torch.paged_attention
     cu = torch.tensor([0, 1], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"key_scales: expected \(pages, Hkv, P\)"):

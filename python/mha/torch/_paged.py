@@ -7,7 +7,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .. import _core, _fields, _layout
+from .. import _core, _fields, _layout, _policy
 from ._tensors import _numpy, _threads
 
 _STORAGE = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
@@ -16,8 +16,9 @@ _STORAGE = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 def _tensor_arg(name, x, dims, dtypes=None):
     if not isinstance(x, Tensor):
         raise _core.ArgumentTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.device.type != "cpu":
-        raise _core.ArgumentTypeError(f"{name}: expected a CPU tensor (mha runs on the CPU), got device {x.device}")
+    reason = _policy.unsupported_tensors([x])  # another device, nested, sparse, torch.func's
+    if reason is not None:
+        raise _core.ArgumentTypeError(f"{name}: expected a CPU tensor mha can read, got {reason}")
     ndim = len([d for d in dims.strip("()").split(",") if d.strip()])
     if x.dim() != ndim:
         raise _core.ArgumentError(f"{name}: expected {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape "
