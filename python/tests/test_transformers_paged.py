@@ -123,6 +123,12 @@ def test_a_packed_step_of_a_prefill_and_decode_rows():
             model(input_ids=nexts[0].repeat(2)[None], past_key_values=cache, use_cache=True)
 
 
+def five_prompts():
+    """Prompts of 5, 23, 1, 40 and 9 tokens."""
+    gen = torch.Generator().manual_seed(4)
+    return [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (5, 23, 1, 40, 9)]
+
+
 def reference_tokens(model, prompt, tokens):
     """Greedy tokens of generate() on transformers' dynamic cache (mha's attention), and the smallest
     gap between the two best logits over its steps."""
@@ -142,8 +148,7 @@ def test_generate_batch_gives_each_prompts_own_tokens(budget, page_size, pages):
     # two best logits of the reference is asserted first, so that the tokens are decided far
     # from float32's rounding (about 1e-6 here).
     model = llama()
-    gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (5, 23, 1, 40, 9)]
+    prompts = five_prompts()
     expected = [reference_tokens(model, p, 12) for p in prompts]
     assert min(gap for _, gap in expected) > 1e-4
     got = mha.transformers.generate_batch(model, prompts, 12, dtype="float32", page_size=page_size,
@@ -153,8 +158,7 @@ def test_generate_batch_gives_each_prompts_own_tokens(budget, page_size, pages):
 
 def test_generate_batch_stops_at_eos_and_reports_low_precision_pages():
     model = llama()
-    gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (5, 23, 1, 40, 9)]
+    prompts = five_prompts()
     full = mha.transformers.generate_batch(model, prompts, 12, dtype="float32")
     eos = full[0][3]
     stopped = mha.transformers.generate_batch(model, prompts, 12, dtype="float32", eos_token_id=[eos, 96])
